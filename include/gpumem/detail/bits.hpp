@@ -1,0 +1,18 @@
+// gpumem — bit arithmetic shared by the configuration and the size policy.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace gpumem::detail {
+
+inline constexpr bool is_power_of_two(std::uint64_t v) noexcept {
+  return v != 0 && (v & (v - 1)) == 0;
+}
+
+/// floor(log2(v)) for v > 0.
+inline constexpr std::size_t floor_log2(std::uint64_t v) noexcept {
+  return static_cast<std::size_t>(63 - __builtin_clzll(static_cast<unsigned long long>(v)));
+}
+
+}  // namespace gpumem::detail
