@@ -1,0 +1,233 @@
+// gpumem — cuda_device: the device concept on the CUDA runtime API (cudaMalloc and friends).
+//
+// Each call makes its device current for the duration of the call (a small RAII guard restores the
+// caller's current device), so one cuda_device per GPU can be used from any thread. Out of memory
+// is not an error here: allocate returns nullptr and clears CUDA's last-error state, so that the
+// caching allocator can free cached memory and retry. Every other failure throws cuda_error whose
+// message names the CUDA error (cudaGetErrorName / cudaGetErrorString), the call and its
+// arguments, and the device.
+//
+// Link with cudart (CUDA::cudart). Nothing here runs at construction, so a cuda_device can be built
+// on a machine without a GPU; its calls then throw cuda_error.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "gpumem/device/device.hpp"
+#include "gpumem/error.hpp"
+
+namespace gpumem {
+
+namespace detail {
+
+/// Throws cuda_error for `status` from `call` (the call with its arguments) on `device`, after
+/// clearing the runtime's last-error state so the error does not resurface in an unrelated call.
+[[noreturn]] inline void throw_cuda_error(cudaError_t status, const std::string& call, int device) {
+  (void)cudaGetLastError();
+  const char* name = cudaGetErrorName(status);
+  const char* text = cudaGetErrorString(status);
+  throw cuda_error(static_cast<int>(status),
+                   fmt::format("{} on CUDA device {} failed: {} ({})", call, device,
+                               name != nullptr ? name : "unknown error",
+                               text != nullptr ? text : "no description"));
+}
+
+/// Makes `device` current for its lifetime and restores the previous device afterwards (only
+/// calling cudaSetDevice when they differ). Throws cuda_error when either query or switch fails;
+/// the destructor never throws.
+class cuda_device_guard {
+ public:
+  explicit cuda_device_guard(int device) {
+    const cudaError_t got = cudaGetDevice(&previous_);
+    if (got != cudaSuccess) throw_cuda_error(got, "cudaGetDevice(&device)", device);
+    if (previous_ != device) {
+      const cudaError_t set = cudaSetDevice(device);
+      if (set != cudaSuccess)
+        throw_cuda_error(set, fmt::format("cudaSetDevice({})", device), device);
+      switched_ = true;
+    }
+  }
+  ~cuda_device_guard() {
+    if (switched_) (void)cudaSetDevice(previous_);
+  }
+  cuda_device_guard(const cuda_device_guard&) = delete;
+  cuda_device_guard& operator=(const cuda_device_guard&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool switched_ = false;
+};
+
+}  // namespace detail
+
+/// One CUDA GPU through the runtime API. A small value type (just the ordinal): copies refer to
+/// the same GPU. Thread safety: every member function may be called concurrently (the CUDA runtime
+/// is thread-safe; the guard changes only the calling thread's current device, and restores it).
+class cuda_device {
+ public:
+  using stream_type = cudaStream_t;
+  using event_type = cudaEvent_t;
+  static constexpr bool supports_vmm = false;  // the driver-API device is cuda_vmm_device
+
+  /// The GPU with ordinal `index`. Makes no CUDA call. Never throws.
+  explicit cuda_device(int index = 0) noexcept : index_(index) {}
+
+  /// Number of CUDA devices, 0 when there is no GPU or no usable driver (the error is cleared).
+  /// Thread-safe; never throws.
+  static int device_count() noexcept {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return count;
+  }
+
+  /// The device ordinal. Thread-safe; never throws.
+  int index() const noexcept { return index_; }
+
+  /// Total device memory in bytes (cudaMemGetInfo). Thread-safe. Throws cuda_error.
+  std::size_t total_memory() const {
+    std::size_t free_bytes = 0;
+    std::size_t total_bytes = 0;
+    query_memory(free_bytes, total_bytes);
+    return total_bytes;
+  }
+
+  /// cudaMemGetInfo. Thread-safe. Throws cuda_error.
+  void memory_info(std::size_t& free_bytes, std::size_t& total_bytes) {
+    query_memory(free_bytes, total_bytes);
+  }
+
+  /// cudaMalloc of one segment. Returns nullptr when the device is out of memory
+  /// (cudaErrorMemoryAllocation, whose last-error state is cleared) and for 0 bytes. Thread-safe.
+  /// Throws cuda_error for any other failure.
+  void* allocate(std::size_t bytes) {
+    detail::cuda_device_guard guard(index_);
+    void* ptr = nullptr;
+    const cudaError_t status = cudaMalloc(&ptr, bytes);
+    if (status == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();  // not sticky: clear it so later calls do not report it
+      return nullptr;
+    }
+    if (status != cudaSuccess) {
+      detail::throw_cuda_error(status, fmt::format("cudaMalloc(&ptr, {})", bytes), index_);
+    }
+    return ptr;
+  }
+
+  /// cudaFree (which synchronises the device). `bytes` is unused by CUDA; nullptr is a no-op.
+  /// Thread-safe. Throws cuda_error.
+  void deallocate(void* ptr, std::size_t bytes) {
+    detail::cuda_device_guard guard(index_);
+    const cudaError_t status = cudaFree(ptr);
+    if (status != cudaSuccess) {
+      detail::throw_cuda_error(status, fmt::format("cudaFree({}) of {} bytes", ptr, bytes), index_);
+    }
+  }
+
+  /// The legacy default stream (nullptr). Thread-safe; never throws.
+  stream_type default_stream() const noexcept { return nullptr; }
+
+  /// cudaEventCreateWithFlags(cudaEventDisableTiming). Thread-safe. Throws cuda_error.
+  event_type create_event() {
+    detail::cuda_device_guard guard(index_);
+    cudaEvent_t event = nullptr;
+    check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
+          "cudaEventCreateWithFlags(&event, cudaEventDisableTiming)");
+    return event;
+  }
+
+  /// cudaEventDestroy. Thread-safe. Throws cuda_error.
+  void destroy_event(event_type event) {
+    detail::cuda_device_guard guard(index_);
+    const cudaError_t status = cudaEventDestroy(event);
+    if (status != cudaSuccess) {
+      detail::throw_cuda_error(status, fmt::format("cudaEventDestroy({})", ptr(event)), index_);
+    }
+  }
+
+  /// cudaEventRecord. Thread-safe. Throws cuda_error.
+  void record_event(event_type event, stream_type stream) {
+    detail::cuda_device_guard guard(index_);
+    const cudaError_t status = cudaEventRecord(event, stream);
+    if (status != cudaSuccess) {
+      detail::throw_cuda_error(
+          status, fmt::format("cudaEventRecord({}, stream {})", ptr(event), ptr(stream)), index_);
+    }
+  }
+
+  /// cudaEventQuery: true on cudaSuccess, false on cudaErrorNotReady (cleared). Thread-safe.
+  /// Throws cuda_error for any other status.
+  bool query_event(event_type event) {
+    detail::cuda_device_guard guard(index_);
+    const cudaError_t status = cudaEventQuery(event);
+    if (status == cudaSuccess) return true;
+    if (status == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // as PyTorch does: never leave "not ready" as the last error
+      return false;
+    }
+    detail::throw_cuda_error(status, fmt::format("cudaEventQuery({})", ptr(event)), index_);
+  }
+
+  /// cudaEventSynchronize. Thread-safe. Throws cuda_error.
+  void synchronize_event(event_type event) {
+    detail::cuda_device_guard guard(index_);
+    const cudaError_t status = cudaEventSynchronize(event);
+    if (status != cudaSuccess) {
+      detail::throw_cuda_error(status, fmt::format("cudaEventSynchronize({})", ptr(event)), index_);
+    }
+  }
+
+  /// cudaDeviceSynchronize. Thread-safe. Throws cuda_error.
+  void synchronize() {
+    detail::cuda_device_guard guard(index_);
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize()");
+  }
+
+  /// cudaStreamCreateWithFlags(cudaStreamNonBlocking): a stream that does not synchronise with the
+  /// legacy default stream. Thread-safe. Throws cuda_error.
+  stream_type create_stream() {
+    detail::cuda_device_guard guard(index_);
+    cudaStream_t stream = nullptr;
+    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+          "cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)");
+    return stream;
+  }
+
+  /// cudaStreamDestroy. Thread-safe. Throws cuda_error.
+  void destroy_stream(stream_type stream) {
+    detail::cuda_device_guard guard(index_);
+    const cudaError_t status = cudaStreamDestroy(stream);
+    if (status != cudaSuccess) {
+      detail::throw_cuda_error(status, fmt::format("cudaStreamDestroy({})", ptr(stream)), index_);
+    }
+  }
+
+ private:
+  template <class T>
+  static const void* ptr(T* handle) noexcept {
+    return static_cast<const void*>(handle);
+  }
+
+  void check(cudaError_t status, const char* call) const {
+    if (status != cudaSuccess) detail::throw_cuda_error(status, call, index_);
+  }
+
+  void query_memory(std::size_t& free_bytes, std::size_t& total_bytes) const {
+    detail::cuda_device_guard guard(index_);
+    check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo(&free, &total)");
+  }
+
+  int index_;
+};
+
+static_assert(is_device_v<cuda_device>, "cuda_device must model the device concept");
+
+}  // namespace gpumem
