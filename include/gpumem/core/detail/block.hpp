@@ -1,0 +1,106 @@
+// gpumem — blocks and segments of the caching allocator, and the slab they live in.
+//
+// Vocabulary (see DESIGN.md): a *segment* is one range obtained from the device; a *block* is a
+// piece of a segment, either handed to the user (allocated), waiting for stream events before it
+// can be reused (pending), or free and indexed in its pool. Blocks of a segment form a doubly
+// linked list in address order (prev/next) that tiles the segment exactly.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <new>
+#include <utility>
+#include <vector>
+
+namespace gpumem::detail {
+
+template <class Stream>
+struct pool;
+
+template <class Stream>
+struct segment;
+
+template <class Stream>
+struct block {
+  std::uintptr_t ptr = 0;
+  std::size_t size = 0;
+  std::size_t requested_size = 0;  // the caller's size before rounding (allocated blocks)
+  block* prev = nullptr;           // address-order neighbours within the segment
+  block* next = nullptr;
+  block* left = nullptr;  // free-index treap links (only while indexed)
+  block* right = nullptr;
+  std::uint64_t priority = 0;       // treap priority, fixed while indexed
+  std::uint64_t gc_count_base = 0;  // pool's free-block-lookup counter when the block became free
+  pool<Stream>* owner = nullptr;    // the (stream, small/large) pool the block belongs to
+  segment<Stream>* seg = nullptr;
+  std::vector<Stream> stream_uses;  // streams recorded with record_stream (rarely non-empty)
+  std::uint32_t event_count = 0;    // outstanding events before the block may be reused
+  bool allocated = false;
+  bool indexed = false;  // in its pool's free index
+
+  block() = default;
+  block(std::uintptr_t p, std::size_t s, pool<Stream>* o, segment<Stream>* sg) noexcept
+      : ptr(p), size(s), owner(o), seg(sg) {}
+
+  bool is_split() const noexcept { return prev != nullptr || next != nullptr; }
+};
+
+template <class Stream>
+struct segment {
+  std::uintptr_t ptr = 0;
+  std::size_t size = 0;
+  block<Stream>* head = nullptr;  // lowest-address block
+  pool<Stream>* owner = nullptr;
+  segment* prev = nullptr;  // all segments of the allocator, in creation order
+  segment* next = nullptr;
+};
+
+/// Fixed-size object storage that recycles freed objects: after warm-up, create() and destroy()
+/// make no heap allocation (the hot path splits and merges blocks without calling malloc).
+template <class T>
+class object_pool {
+ public:
+  object_pool() = default;
+  object_pool(const object_pool&) = delete;
+  object_pool& operator=(const object_pool&) = delete;
+  ~object_pool() {
+    for (void* memory : chunks_) ::operator delete (memory, std::align_val_t{alignof(T)});
+  }
+
+  template <class... Args>
+  T* create(Args&&... args) {
+    if (free_ == nullptr) grow();
+    slot* s = free_;
+    free_ = s->next;
+    return new (static_cast<void*>(s)) T(std::forward<Args>(args)...);
+  }
+
+  void destroy(T* t) noexcept {
+    t->~T();
+    slot* s = reinterpret_cast<slot*>(t);
+    s->next = free_;
+    free_ = s;
+  }
+
+ private:
+  union slot {
+    slot* next;
+    alignas(T) unsigned char storage[sizeof(T)];
+  };
+  void grow() {
+    const std::size_t count = chunks_.empty() ? 64 : 256;
+    void* memory = ::operator new (count * sizeof(slot), std::align_val_t{alignof(T)});
+    chunks_.push_back(memory);
+    slot* slots = static_cast<slot*>(memory);
+    for (std::size_t i = count; i-- > 0;) {
+      slots[i].next = free_;
+      free_ = &slots[i];
+    }
+  }
+
+  std::vector<void*> chunks_;  // slabs of `slot`s, released at destruction
+  slot* free_ = nullptr;
+};
+
+}  // namespace gpumem::detail

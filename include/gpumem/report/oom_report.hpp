@@ -1,0 +1,99 @@
+// gpumem — the out-of-memory message: PyTorch's familiar sentence, then a diagnosis.
+//
+// Depends only on error.hpp: the allocator gathers the numbers, this header words them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "gpumem/detail/format.hpp"
+#include "gpumem/error.hpp"
+
+namespace gpumem {
+
+/// PyTorch's format_size ("512 bytes", "1.50 KiB", "20.00 MiB", "1.25 GiB"), as in its OOM message.
+using detail::format_size;
+
+/// Everything the diagnosis needs, gathered by the allocator at the moment of the failure.
+struct oom_facts {
+  out_of_memory::details numbers;
+  std::size_t largest_free_block_in_pool = 0;  // in the pool (stream, small/large) of the request
+  std::size_t free_cached_blocks = 0;          // number of free cached blocks
+  bool fraction_set = false;
+  double fraction = 1.0;
+  std::size_t fraction_cap_bytes = 0;  // fraction x device total
+  bool fraction_was_limit = false;     // the cap, not the device, refused the segment
+  std::size_t max_split_size = 0;      // SIZE_MAX when unset
+  std::string policy;                  // "classic", ...
+};
+
+namespace detail {
+
+inline std::string oom_suggestion(const oom_facts& f) {
+  const auto& n = f.numbers;
+  const std::size_t unallocated = n.reserved_bytes - n.allocated_bytes;
+  if (f.fraction_was_limit && n.device_free_bytes >= n.device_request_bytes) {
+    return fmt::format(
+        "the memory fraction ({:.3g}) refused it while the device still had {} free: raise it "
+        "(per_process_memory_fraction:<f> or set_memory_fraction)",
+        f.fraction, format_size(n.device_free_bytes));
+  }
+  if (unallocated >= n.rounded_bytes) {
+    std::string s = fmt::format(
+        "{} is reserved but unallocated, enough for this request, yet no free block is large "
+        "enough: this is fragmentation. policy:stitch (or expandable_segments:True) lets free "
+        "pages of split segments serve new requests",
+        format_size(unallocated));
+    if (f.max_split_size == SIZE_MAX && n.rounded_bytes > (20u << 20)) {
+      s += "; max_split_size_mb:<MiB> stops large cached blocks from being split for small "
+           "requests";
+    }
+    return s;
+  }
+  return fmt::format(
+      "the live allocations ({}) plus this request exceed what the device can hold: reduce "
+      "the memory the program keeps alive (smaller batches, activation checkpointing, gradient "
+      "accumulation)",
+      format_size(n.allocated_bytes));
+}
+
+}  // namespace detail
+
+/// Builds out_of_memory's message. Thread safety: pure function.
+inline std::string oom_message(const oom_facts& f) {
+  const auto& n = f.numbers;
+  std::string allowed;
+  if (f.fraction_set) allowed = format_size(f.fraction_cap_bytes) + " allowed; ";
+  std::string msg = fmt::format(
+      "CUDA out of memory. Tried to allocate {}. GPU {} has a total capacity of {} of which {} "
+      "is free. {}Of the allocated memory {} is allocated by gpumem, and {} is reserved by gpumem "
+      "but unallocated.",
+      format_size(n.device_request_bytes), n.device, format_size(n.device_total_bytes),
+      format_size(n.device_free_bytes), allowed, format_size(n.allocated_bytes),
+      format_size(n.reserved_bytes - n.allocated_bytes));
+  const std::size_t unallocated = n.reserved_bytes - n.allocated_bytes;
+  const double frag_pct = n.reserved_bytes == 0 ? 0.0
+                                                : 100.0 * static_cast<double>(unallocated) /
+                                                      static_cast<double>(n.reserved_bytes);
+  msg += fmt::format(
+      "\ngpumem diagnosis ({} policy):\n"
+      "  request: {} requested, {} after rounding, a {} segment asked of the device\n"
+      "  largest free block: {} overall, {} in this request's pool\n"
+      "  free cached: {} in {} blocks\n"
+      "  fragmentation: {} of the {} reserved ({:.1f}%) is cached but unallocated\n",
+      f.policy, format_size(n.requested_bytes), format_size(n.rounded_bytes),
+      format_size(n.device_request_bytes), format_size(n.largest_free_block_bytes),
+      format_size(f.largest_free_block_in_pool), format_size(n.free_cached_bytes),
+      f.free_cached_blocks, format_size(unallocated), format_size(n.reserved_bytes), frag_pct);
+  if (f.fraction_set) {
+    msg += fmt::format("  memory fraction: {:.3g} caps reserved memory at {}\n", f.fraction,
+                       format_size(f.fraction_cap_bytes));
+  }
+  msg += "  suggestion: " + detail::oom_suggestion(f);
+  return msg;
+}
+
+}  // namespace gpumem
