@@ -1,0 +1,126 @@
+// The allocator invariants (no overlap, exact tiling, no unmerged free neighbours, statistics
+// equal to a recount from the blocks) checked after every operation of randomized sequences of
+// allocate / deallocate / record_stream / empty_cache / event completion, for every policy and
+// several configurations. One typed suite: each policy the library offers is a type here.
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "support/sim.hpp"
+
+namespace {
+
+using namespace gpumem_test;
+using gpumem::simulated_device;
+
+struct classic_policy {
+  static constexpr const char* name = "classic";
+};
+
+template <class Policy>
+class AllocatorInvariants : public ::testing::Test {
+ protected:
+  gpumem::allocator_config make_config(const std::string& extra) {
+    return config(std::string("policy:") + Policy::name + (extra.empty() ? "" : "," + extra));
+  }
+
+  // One randomized sequence; returns the number of operations that hit out_of_memory.
+  int run_sequence(std::uint64_t seed, const std::string& extra, int operations) {
+    simulated_device dev{device_options(2 * GiB, gpumem::event_completion::manual)};
+    std::mt19937_64 rng(seed);
+    int ooms = 0;
+    {
+      allocator a(dev, make_config(extra));
+      std::vector<decltype(dev.create_stream())> streams{dev.default_stream(), dev.create_stream(),
+                                                         dev.create_stream()};
+      std::vector<void*> live;
+      auto random_size = [&]() -> std::size_t {
+        switch (rng() % 8) {
+          case 0:
+            return 1 + rng() % 4096;
+          case 1:
+          case 2:
+            return 1 + rng() % (1u << 20);
+          case 3:
+          case 4:
+            return (1u << 20) + rng() % (9u << 20);
+          case 5:
+            return (10u << 20) + rng() % (60u << 20);
+          case 6:
+            return (64u << 20) + rng() % (400u << 20);
+          default:
+            return 512 * (1 + rng() % 64);
+        }
+      };
+      for (int op = 0; op < operations; ++op) {
+        const unsigned kind = static_cast<unsigned>(rng() % 100);
+        if (kind < 50 || live.empty()) {
+          try {
+            live.push_back(a.allocate(random_size(), streams[rng() % streams.size()]));
+          } catch (const gpumem::out_of_memory&) {
+            ++ooms;
+          }
+        } else if (kind < 88) {
+          const std::size_t i = rng() % live.size();
+          a.deallocate(live[i]);
+          live[i] = live.back();
+          live.pop_back();
+        } else if (kind < 95) {
+          a.record_stream(live[rng() % live.size()], streams[rng() % streams.size()]);
+        } else if (kind < 98) {
+          dev.complete_stream(streams[rng() % streams.size()]);
+        } else {
+          a.empty_cache();
+        }
+        a.check_invariants();
+      }
+      for (void* p : live) a.deallocate(p);
+      dev.complete_all();
+      a.empty_cache();
+      a.check_invariants();
+      EXPECT_EQ(a.stats().reserved_bytes[0].current, 0);
+      EXPECT_EQ(a.stats().allocated_bytes[0].current, 0);
+    }
+    EXPECT_EQ(dev.bytes_in_use(), 0u);
+    return ooms;
+  }
+
+  void run_many(const std::string& extra) {
+    int ooms = 0;
+    for (std::uint64_t seed = 1; seed <= 1000; ++seed) {
+      ooms += run_sequence(seed * 7919 + extra.size(), extra, 200);
+      if (HasFailure()) {
+        ADD_FAILURE() << "first failing seed " << seed << " config '" << extra << "'";
+        return;
+      }
+    }
+    // The sizes are chosen so the 2 GiB device does run out sometimes: OOM paths are exercised.
+    EXPECT_GT(ooms, 0);
+  }
+};
+
+using policies = ::testing::Types<classic_policy>;
+TYPED_TEST_SUITE(AllocatorInvariants, policies);
+
+TYPED_TEST(AllocatorInvariants, DefaultConfig) {
+  this->run_many("");
+}
+TYPED_TEST(AllocatorInvariants, MaxSplitSize) {
+  this->run_many("max_split_size_mb:64");
+}
+TYPED_TEST(AllocatorInvariants, PowerOfTwoDivisions) {
+  this->run_many("roundup_power2_divisions:4");
+}
+TYPED_TEST(AllocatorInvariants, FractionWithGarbageCollection) {
+  this->run_many("per_process_memory_fraction:0.6,garbage_collection_threshold:0.5");
+}
+TYPED_TEST(AllocatorInvariants, EverythingAtOnce) {
+  this->run_many(
+      "max_split_size_mb:32,max_non_split_rounding_mb:64,roundup_power2_divisions:[64:8,256:4,>:1],"
+      "per_process_memory_fraction:0.9,garbage_collection_threshold:0.7");
+}
+
+}  // namespace
