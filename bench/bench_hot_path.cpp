@@ -1,0 +1,118 @@
+// The hot path: a malloc+free pair that hits the cache, on the simulated device, beside glibc's
+// malloc/free of the same sizes in the same run (the CPU reference).
+//
+//   build/bench/gpumem_bench_hot_path --benchmark_repetitions=5 --benchmark_report_aggregates_only
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include "gpumem/gpumem.hpp"
+
+namespace {
+
+using allocator = gpumem::caching_allocator<gpumem::simulated_device>;
+
+gpumem::simulated_device& shared_device() {
+  static gpumem::simulated_device device([] {
+    gpumem::simulated_device::options o;
+    o.capacity = std::size_t{80} << 30;
+    return o;
+  }());
+  return device;
+}
+
+allocator& shared_allocator() {
+  static allocator a(shared_device(), gpumem::allocator_config::parse("policy:classic"));
+  return a;
+}
+
+// A mixed stream: mostly small and medium tensors, some large, as in a training step.
+const std::vector<std::size_t>& mixed_sizes() {
+  static const std::vector<std::size_t> sizes = [] {
+    std::mt19937_64 rng(1);
+    std::vector<std::size_t> s(4096);
+    for (auto& v : s) {
+      switch (rng() % 8) {
+        case 0:
+        case 1:
+        case 2:
+          v = 1 + rng() % 4096;
+          break;
+        case 3:
+        case 4:
+          v = 4096 + rng() % (1u << 20);
+          break;
+        case 5:
+        case 6:
+          v = (1u << 20) + rng() % (16u << 20);
+          break;
+        default:
+          v = (16u << 20) + rng() % (256u << 20);
+          break;
+      }
+    }
+    return s;
+  }();
+  return sizes;
+}
+
+void gpumem_pair(benchmark::State& state) {
+  allocator& a = shared_allocator();
+  const auto size = static_cast<std::size_t>(state.range(0));
+  a.deallocate(a.allocate(size));  // warm: the segment is cached
+  for (auto _ : state) {
+    void* p = a.allocate(size);
+    benchmark::DoNotOptimize(p);
+    a.deallocate(p);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
+void glibc_pair(benchmark::State& state) {
+  const auto size = static_cast<std::size_t>(state.range(0));
+  for (auto _ : state) {
+    void* p = std::malloc(size);
+    benchmark::DoNotOptimize(p);
+    std::free(p);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
+void gpumem_mixed(benchmark::State& state) {
+  allocator& a = shared_allocator();
+  const auto& sizes = mixed_sizes();
+  for (std::size_t s : sizes) a.deallocate(a.allocate(s));
+  std::size_t i = static_cast<std::size_t>(state.thread_index()) * 977;
+  for (auto _ : state) {
+    void* p = a.allocate(sizes[i++ & 4095]);
+    benchmark::DoNotOptimize(p);
+    a.deallocate(p);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
+void glibc_mixed(benchmark::State& state) {
+  const auto& sizes = mixed_sizes();
+  std::size_t i = static_cast<std::size_t>(state.thread_index()) * 977;
+  for (auto _ : state) {
+    void* p = std::malloc(sizes[i++ & 4095]);
+    benchmark::DoNotOptimize(p);
+    std::free(p);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
+void sizes(benchmark::internal::Benchmark* b) {
+  for (long s : {512L, 64L << 10, 1L << 20, 16L << 20, 256L << 20}) b->Arg(s);
+}
+
+}  // namespace
+
+BENCHMARK(gpumem_pair)->Apply(sizes)->Threads(1)->Threads(2)->UseRealTime();
+BENCHMARK(glibc_pair)->Apply(sizes)->Threads(1)->Threads(2)->UseRealTime();
+BENCHMARK(gpumem_mixed)->Threads(1)->Threads(2)->UseRealTime();
+BENCHMARK(glibc_mixed)->Threads(1)->Threads(2)->UseRealTime();
+
+BENCHMARK_MAIN();

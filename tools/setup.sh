@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs what gpumem's build needs on a Debian machine (idempotent; quiet when all is there).
+set -euo pipefail
+
+need=()
+command -v cmake >/dev/null || need+=(cmake)
+command -v ninja >/dev/null || need+=(ninja-build)
+command -v g++ >/dev/null || need+=(g++)
+dpkg -s libfmt-dev >/dev/null 2>&1 || need+=(libfmt-dev)
+dpkg -s libgtest-dev >/dev/null 2>&1 || need+=(libgtest-dev)
+dpkg -s libbenchmark-dev >/dev/null 2>&1 || need+=(libbenchmark-dev)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "gpumem setup: installing ${need[*]}" >&2
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+# The CUDA toolkit provides the headers gpumem compiles against (no GPU is needed).
+if ! command -v nvcc >/dev/null && [ ! -d /usr/local/cuda ]; then
+  echo "gpumem setup: the CUDA toolkit was not found (expected nvcc on PATH or /usr/local/cuda)." >&2
+  echo "  Install it from NVIDIA's packages (cuda-toolkit), then run this again." >&2
+  exit 1
+fi
