@@ -34,6 +34,7 @@
 #include "gpumem/core/detail/block.hpp"
 #include "gpumem/core/detail/free_block_index.hpp"
 #include "gpumem/core/detail/pointer_map.hpp"
+#include "gpumem/core/detail/pool_counters.hpp"
 #include "gpumem/core/detail/spin_mutex.hpp"
 #include "gpumem/core/size_policy.hpp"
 #include "gpumem/device/device.hpp"
@@ -171,10 +172,9 @@ class caching_allocator {
                       ptr));
     }
     b->allocated = false;
-    for_pool_stats(*b->owner, [&](std::size_t t) {
-      stats_.allocation[t].decrease(1);
-      stats_.allocated_bytes[t].decrease(as_i64(b->size));
-    });
+    const bool small = b->owner->is_small;
+    counts_.decrease(small, counter::allocation, 1);
+    counts_.decrease(small, counter::allocated_bytes, as_i64(b->size));
     if (b->size >= config_.max_split_size) stats_.oversize_allocations.decrease(1);
     if (!b->stream_uses.empty()) {
       insert_events(b);
@@ -236,28 +236,24 @@ class caching_allocator {
 
   device_stats stats() const {
     std::lock_guard<detail::spin_mutex> lock(mutex_);
-    return stats_;
+    device_stats out = stats_;
+    counts_.export_to(out);
+    return out;
   }
 
   /// Resets every stat's peak to its current value (and gpumem's fragmentation-at-peak).
   void reset_peak_stats() {
     std::lock_guard<detail::spin_mutex> lock(mutex_);
-    auto reset = [](stat_array& a) {
-      for (stat& s : a) s.reset_peak();
-    };
-    for_each_stat_array(reset);
+    counts_.reset_peak();
     stats_.oversize_allocations.reset_peak();
     stats_.oversize_segments.reset_peak();
-    allocated_at_peak_ = stats_.allocated_bytes[0].current;
+    allocated_at_peak_ = counts_.current(counter::allocated_bytes);
   }
 
   /// Resets the allocated/freed totals and the event counters, as PyTorch does.
   void reset_accumulated_stats() {
     std::lock_guard<detail::spin_mutex> lock(mutex_);
-    auto reset = [](stat_array& a) {
-      for (stat& s : a) s.reset_accumulated();
-    };
-    for_each_stat_array(reset);
+    counts_.reset_accumulated();
     stats_.oversize_allocations.reset_accumulated();
     stats_.oversize_segments.reset_accumulated();
     stats_.num_alloc_retries = 0;
@@ -273,11 +269,12 @@ class caching_allocator {
     summary_info info;
     info.device = device_.index();
     info.largest_free_block = largest_free_block();
-    const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[0].current);
-    const auto allocated = static_cast<std::size_t>(stats_.allocated_bytes[0].current);
-    info.free_cached_bytes = reserved - static_cast<std::size_t>(stats_.active_bytes[0].current);
+    const auto reserved = static_cast<std::size_t>(counts_.current(counter::reserved_bytes));
+    const auto allocated = static_cast<std::size_t>(counts_.current(counter::allocated_bytes));
+    info.free_cached_bytes =
+        reserved - static_cast<std::size_t>(counts_.current(counter::active_bytes));
     info.fragmentation_bytes = reserved - allocated;
-    info.peak_reserved_bytes = static_cast<std::size_t>(stats_.reserved_bytes[0].peak);
+    info.peak_reserved_bytes = static_cast<std::size_t>(counts_.peak(counter::reserved_bytes));
     info.fragmentation_at_peak_bytes =
         info.peak_reserved_bytes - static_cast<std::size_t>(allocated_at_peak_);
     info.device_alloc_calls = stats_.num_device_alloc;
@@ -343,6 +340,7 @@ class caching_allocator {
   }
 
  private:
+  using counter = detail::counter;
   using block_type = detail::block<stream_type>;
   using segment_type = detail::segment<stream_type>;
   using pool_type = detail::pool<stream_type>;
@@ -354,22 +352,6 @@ class caching_allocator {
   };
 
   static std::int64_t as_i64(std::size_t v) noexcept { return static_cast<std::int64_t>(v); }
-
-  template <class F>
-  static void for_pool_stats(const pool_type& p, F&& f) {
-    f(static_cast<std::size_t>(stat_type::all));
-    f(static_cast<std::size_t>(p.is_small ? stat_type::small_pool : stat_type::large_pool));
-  }
-
-  template <class F>
-  void for_each_stat_array(F&& f) {
-    for (stat_array* a :
-         {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
-          &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
-          &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
-      f(*a);
-    }
-  }
 
   bool gc_enabled() const noexcept {
     return fraction_set_ && config_.garbage_collection_threshold > 0.0;
@@ -396,7 +378,7 @@ class caching_allocator {
 
   std::uint64_t& gc_counter(const pool_type& p) noexcept { return gc_calls_[p.is_small ? 0 : 1]; }
 
-  void index_insert(pool_type& p, block_type* b) {
+  GPUMEM_ALWAYS_INLINE void index_insert(pool_type& p, block_type* b) {
     b->gc_count_base = gc_counter(p);
     p.index.insert(b);
   }
@@ -404,7 +386,7 @@ class caching_allocator {
   // --- the classic policy ------------------------------------------------------------------------
 
   // PyTorch's get_free_block: the best fit on this stream, unless the oversize rules refuse it.
-  block_type* get_free_block(pool_type& p, std::size_t rounded) {
+  GPUMEM_ALWAYS_INLINE block_type* get_free_block(pool_type& p, std::size_t rounded) {
     if (gc_enabled()) ++gc_counter(p);
     block_type* b = p.index.lower_bound(rounded);
     if (b == nullptr) return nullptr;
@@ -462,10 +444,8 @@ class caching_allocator {
 
     block_type* b = block_pool_.create(s->ptr, seg_size, &p, s);
     s->head = b;
-    for_pool_stats(p, [&](std::size_t t) {
-      stats_.segment[t].increase(1);
-      stats_.reserved_bytes[t].increase(as_i64(seg_size));
-    });
+    counts_.increase(p.is_small, counter::segment, 1);
+    counts_.increase(p.is_small, counter::reserved_bytes, as_i64(seg_size));
     if (seg_size >= config_.max_split_size) stats_.oversize_segments.increase(1);
     return b;
   }
@@ -555,10 +535,8 @@ class caching_allocator {
     ++stats_.num_device_free;
     reserved_total_ -= s->size;
     pool_type& p = *b->owner;
-    for_pool_stats(p, [&](std::size_t t) {
-      stats_.segment[t].decrease(1);
-      stats_.reserved_bytes[t].decrease(as_i64(s->size));
-    });
+    counts_.decrease(p.is_small, counter::segment, 1);
+    counts_.decrease(p.is_small, counter::reserved_bytes, as_i64(s->size));
     if (s->size >= config_.max_split_size) stats_.oversize_segments.decrease(1);
     p.index.erase(b);
     block_pool_.destroy(b);
@@ -568,7 +546,8 @@ class caching_allocator {
   }
 
   // PyTorch's alloc_found_block: split off the remainder if the rules say so, then hand out.
-  void* alloc_found_block(block_type* b, pool_type& p, std::size_t rounded, std::size_t requested) {
+  GPUMEM_ALWAYS_INLINE void* alloc_found_block(block_type* b, pool_type& p, std::size_t rounded,
+                                               std::size_t requested) {
     const bool already_split = b->is_split();
     if (detail::should_split(b->size, rounded, p.is_small, config_.max_split_size)) {
       block_type* remaining = b;
@@ -585,42 +564,35 @@ class caching_allocator {
       remaining->size -= rounded;
       index_insert(p, remaining);
       if (already_split) {
-        for_pool_stats(
-            p, [&](std::size_t t) { stats_.inactive_split_bytes[t].decrease(as_i64(rounded)); });
+        counts_.decrease(p.is_small, counter::inactive_split_bytes, as_i64(rounded));
       } else {
-        for_pool_stats(p, [&](std::size_t t) {
-          stats_.inactive_split_bytes[t].increase(as_i64(remaining->size));
-          stats_.inactive_split[t].increase(1);
-        });
+        counts_.increase(p.is_small, counter::inactive_split_bytes, as_i64(remaining->size));
+        counts_.increase(p.is_small, counter::inactive_split, 1);
       }
     } else if (already_split) {
-      for_pool_stats(p, [&](std::size_t t) {
-        stats_.inactive_split_bytes[t].decrease(as_i64(b->size));
-        stats_.inactive_split[t].decrease(1);
-      });
+      counts_.decrease(p.is_small, counter::inactive_split_bytes, as_i64(b->size));
+      counts_.decrease(p.is_small, counter::inactive_split, 1);
     }
     b->allocated = true;
     b->requested_size = requested;
     allocated_.insert(b->ptr, b);
-    for_pool_stats(p, [&](std::size_t t) {
-      stats_.allocation[t].increase(1);
-      stats_.allocated_bytes[t].increase(as_i64(b->size));
-      stats_.active[t].increase(1);
-      stats_.active_bytes[t].increase(as_i64(b->size));
-      stats_.requested_bytes[t].increase(as_i64(requested));
-    });
+    counts_.increase(p.is_small, counter::allocation, 1);
+    counts_.increase(p.is_small, counter::allocated_bytes, as_i64(b->size));
+    counts_.increase(p.is_small, counter::active, 1);
+    counts_.increase(p.is_small, counter::active_bytes, as_i64(b->size));
+    counts_.increase(p.is_small, counter::requested_bytes, as_i64(requested));
     if (b->size >= config_.max_split_size) stats_.oversize_allocations.increase(1);
     note_peak();
     return reinterpret_cast<void*>(b->ptr);
   }
 
   // Tracks the most bytes allocated while reserved memory stood at its peak.
-  void note_peak() noexcept {
-    const stat& r = stats_.reserved_bytes[0];
-    if (r.current != r.peak) return;
-    const std::int64_t allocated = stats_.allocated_bytes[0].current;
-    if (r.peak != peak_seen_) {
-      peak_seen_ = r.peak;
+  GPUMEM_ALWAYS_INLINE void note_peak() noexcept {
+    const std::int64_t peak = counts_.peak(counter::reserved_bytes);
+    if (counts_.current(counter::reserved_bytes) != peak) return;
+    const std::int64_t allocated = counts_.current(counter::allocated_bytes);
+    if (peak != peak_seen_) {
+      peak_seen_ = peak;
       allocated_at_peak_ = allocated;
     } else {
       allocated_at_peak_ = std::max(allocated_at_peak_, allocated);
@@ -628,7 +600,7 @@ class caching_allocator {
   }
 
   // PyTorch's free_block: merge with free neighbours and return to the pool.
-  void free_block(block_type* b) {
+  GPUMEM_ALWAYS_INLINE void free_block(block_type* b) {
     pool_type& p = *b->owner;
     const std::size_t original_size = b->size;
     const std::size_t requested = b->requested_size;
@@ -646,18 +618,24 @@ class caching_allocator {
       net_inactive_blocks += 1;
       net_inactive_bytes += as_i64(b->size);
     }
-    for_pool_stats(p, [&](std::size_t t) {
-      if (net_inactive_blocks > 0) stats_.inactive_split[t].increase(net_inactive_blocks);
-      if (net_inactive_blocks < 0) stats_.inactive_split[t].decrease(-net_inactive_blocks);
-      if (net_inactive_bytes > 0) stats_.inactive_split_bytes[t].increase(net_inactive_bytes);
-      if (net_inactive_bytes < 0) stats_.inactive_split_bytes[t].decrease(-net_inactive_bytes);
-      stats_.active[t].decrease(1);
-      stats_.active_bytes[t].decrease(as_i64(original_size));
-      stats_.requested_bytes[t].decrease(as_i64(requested));
-    });
+    const bool small = p.is_small;
+    if (net_inactive_blocks > 0)
+      counts_.increase(small, counter::inactive_split, net_inactive_blocks);
+    if (net_inactive_blocks < 0)
+      counts_.decrease(small, counter::inactive_split, -net_inactive_blocks);
+    if (net_inactive_bytes > 0) {
+      counts_.increase(small, counter::inactive_split_bytes, net_inactive_bytes);
+    }
+    if (net_inactive_bytes < 0) {
+      counts_.decrease(small, counter::inactive_split_bytes, -net_inactive_bytes);
+    }
+    counts_.decrease(small, counter::active, 1);
+    counts_.decrease(small, counter::active_bytes, as_i64(original_size));
+    counts_.decrease(small, counter::requested_bytes, as_i64(requested));
   }
 
-  std::size_t try_merge_blocks(block_type* dst, block_type* src, pool_type& p) {
+  GPUMEM_ALWAYS_INLINE std::size_t try_merge_blocks(block_type* dst, block_type* src,
+                                                    pool_type& p) {
     if (src == nullptr || src->allocated || src->event_count > 0 || !src->stream_uses.empty()) {
       return 0;
     }
@@ -763,8 +741,8 @@ class caching_allocator {
     n.device_request_bytes = seg_size;
     n.device_total_bytes = total_bytes;
     n.device_free_bytes = free_bytes;
-    n.allocated_bytes = static_cast<std::size_t>(stats_.allocated_bytes[0].current);
-    n.reserved_bytes = static_cast<std::size_t>(stats_.reserved_bytes[0].current);
+    n.allocated_bytes = static_cast<std::size_t>(counts_.current(counter::allocated_bytes));
+    n.reserved_bytes = static_cast<std::size_t>(counts_.current(counter::reserved_bytes));
     n.largest_free_block_bytes = largest_free_block();
     n.device = device_.index();
     for (const auto& sp : stream_pools_) {
@@ -885,15 +863,16 @@ class caching_allocator {
         }
       }
     };
-    check(stats_.allocation, &recount::allocation, "allocation");
-    check(stats_.segment, &recount::segment, "segment");
-    check(stats_.active, &recount::active, "active");
-    check(stats_.inactive_split, &recount::inactive_split, "inactive_split");
-    check(stats_.allocated_bytes, &recount::allocated_bytes, "allocated_bytes");
-    check(stats_.reserved_bytes, &recount::reserved_bytes, "reserved_bytes");
-    check(stats_.active_bytes, &recount::active_bytes, "active_bytes");
-    check(stats_.inactive_split_bytes, &recount::inactive_split_bytes, "inactive_split_bytes");
-    check(stats_.requested_bytes, &recount::requested_bytes, "requested_bytes");
+    check(counts_.get(counter::allocation), &recount::allocation, "allocation");
+    check(counts_.get(counter::segment), &recount::segment, "segment");
+    check(counts_.get(counter::active), &recount::active, "active");
+    check(counts_.get(counter::inactive_split), &recount::inactive_split, "inactive_split");
+    check(counts_.get(counter::allocated_bytes), &recount::allocated_bytes, "allocated_bytes");
+    check(counts_.get(counter::reserved_bytes), &recount::reserved_bytes, "reserved_bytes");
+    check(counts_.get(counter::active_bytes), &recount::active_bytes, "active_bytes");
+    check(counts_.get(counter::inactive_split_bytes), &recount::inactive_split_bytes,
+          "inactive_split_bytes");
+    check(counts_.get(counter::requested_bytes), &recount::requested_bytes, "requested_bytes");
     if (stats_.oversize_allocations.current != oversize_allocs) fail("oversize_allocations");
     if (stats_.oversize_segments.current != oversize_segs) fail("oversize_segments");
   }
@@ -913,7 +892,8 @@ class caching_allocator {
   std::vector<std::pair<stream_type, std::deque<pending_event>>> pending_events_;
   std::vector<event_type> free_events_;
 
-  device_stats stats_;
+  detail::pool_counters counts_;  // the per-pool stat arrays
+  device_stats stats_;            // the scalar stats (its arrays are filled from counts_)
   std::size_t reserved_total_ = 0;
   std::uint64_t gc_calls_[2] = {0, 0};  // free-block lookups per pool kind (small, large)
   bool fraction_set_ = false;

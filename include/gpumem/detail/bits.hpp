@@ -4,6 +4,13 @@
 #include <cstddef>
 #include <cstdint>
 
+// Forces inlining on the allocator's hot path, where GCC otherwise keeps small lambdas out of line.
+#if defined(__GNUC__) || defined(__clang__)
+#define GPUMEM_ALWAYS_INLINE __attribute__((always_inline))
+#else
+#define GPUMEM_ALWAYS_INLINE
+#endif
+
 namespace gpumem::detail {
 
 inline constexpr bool is_power_of_two(std::uint64_t v) noexcept {

@@ -36,6 +36,7 @@ struct block {
   segment<Stream>* seg = nullptr;
   std::vector<Stream> stream_uses;  // streams recorded with record_stream (rarely non-empty)
   std::uint32_t event_count = 0;    // outstanding events before the block may be reused
+  std::uint32_t size_class = 0;     // free-index class, set while indexed
   bool allocated = false;
   bool indexed = false;  // in its pool's free index
 

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "gpumem/core/detail/block.hpp"
+#include "gpumem/detail/bits.hpp"
 
 namespace gpumem::detail {
 
@@ -33,33 +34,40 @@ class free_block_index {
     return k_exact_classes + (level - 20) * (std::size_t{1} << k_sub_bits) + sub;
   }
 
-  bool empty() const noexcept { return count_ == 0; }
-  std::size_t size() const noexcept { return count_; }
-  std::size_t bytes() const noexcept { return bytes_; }
+  // Counts are derived by walking the index (O(blocks)): they are read on cold paths only (the
+  // OOM report, summaries, invariant checks), so the hot path does not maintain them.
+  bool empty() const noexcept { return next_class(0) == k_num_classes; }
+  std::size_t size() const noexcept {
+    std::size_t n = 0;
+    for_each([&](const block_type*) { ++n; });
+    return n;
+  }
+  std::size_t bytes() const noexcept {
+    std::size_t n = 0;
+    for_each([&](const block_type* b) { n += b->size; });
+    return n;
+  }
 
-  void insert(block_type* b) noexcept {
+  GPUMEM_ALWAYS_INLINE void insert(block_type* b) noexcept {
     const std::size_t c = class_of(b->size);
+    b->size_class = static_cast<std::uint32_t>(c);
     b->left = b->right = nullptr;
-    b->priority = mix(b->ptr);
+    b->priority = priority_of(b->ptr);
     roots_[c] = treap_insert(roots_[c], b);
     set_bit(c);
     b->indexed = true;
-    ++count_;
-    bytes_ += b->size;
   }
 
-  void erase(block_type* b) noexcept {
-    const std::size_t c = class_of(b->size);
+  GPUMEM_ALWAYS_INLINE void erase(block_type* b) noexcept {
+    const std::size_t c = b->size_class;
     roots_[c] = treap_erase(roots_[c], b);
     if (roots_[c] == nullptr) clear_bit(c);
     b->indexed = false;
     b->left = b->right = nullptr;
-    --count_;
-    bytes_ -= b->size;
   }
 
   /// The smallest block with size >= `size` (lowest address among equals), or nullptr.
-  block_type* lower_bound(std::size_t size) const noexcept {
+  GPUMEM_ALWAYS_INLINE block_type* lower_bound(std::size_t size) const noexcept {
     std::size_t c = class_of(size);
     if (block_type* b = treap_lower_bound(roots_[c], size)) return b;
     c = next_class(c + 1);
@@ -86,60 +94,59 @@ class free_block_index {
   }
 
  private:
-  static std::uint64_t mix(std::uintptr_t p) noexcept {
-    std::uint64_t x = static_cast<std::uint64_t>(p) + 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
+  // Treap priorities only need to look random with respect to key order: one multiplication of
+  // the address (Fibonacci hashing) does, and keeps results deterministic.
+  static std::uint64_t priority_of(std::uintptr_t p) noexcept {
+    return (static_cast<std::uint64_t>(p) >> 9) * 0x9e3779b97f4a7c15ull;
   }
   static bool less(const block_type* a, const block_type* b) noexcept {
     return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
   }
 
-  static block_type* treap_merge(block_type* a, block_type* b) noexcept {
-    if (a == nullptr) return b;
-    if (b == nullptr) return a;
-    if (a->priority > b->priority) {
-      a->right = treap_merge(a->right, b);
-      return a;
+  // The treap operations are iterative (links to the child pointers being rewritten): the treaps
+  // are tiny, so call overhead would dominate a recursive version.
+  static block_type* treap_insert(block_type* root, block_type* n) noexcept {
+    block_type** link = &root;
+    while (*link != nullptr && (*link)->priority >= n->priority) {
+      link = less(n, *link) ? &(*link)->left : &(*link)->right;
     }
-    b->left = treap_merge(a, b->left);
-    return b;
+    // Split the subtree at *link around n: smaller keys go left of n, larger right.
+    block_type** lo = &n->left;
+    block_type** hi = &n->right;
+    for (block_type* t = *link; t != nullptr;) {
+      if (less(t, n)) {
+        *lo = t;
+        lo = &t->right;
+        t = t->right;
+      } else {
+        *hi = t;
+        hi = &t->left;
+        t = t->left;
+      }
+    }
+    *lo = *hi = nullptr;
+    *link = n;
+    return root;
   }
-  // Splits t into keys < k and keys >= k.
-  static void treap_split(block_type* t, const block_type* k, block_type*& lo,
-                          block_type*& hi) noexcept {
-    if (t == nullptr) {
-      lo = hi = nullptr;
-    } else if (less(t, k)) {
-      treap_split(t->right, k, t->right, hi);
-      lo = t;
-    } else {
-      treap_split(t->left, k, lo, t->left);
-      hi = t;
+  static block_type* treap_erase(block_type* root, block_type* n) noexcept {
+    block_type** link = &root;
+    while (*link != n) link = less(n, *link) ? &(*link)->left : &(*link)->right;
+    // Merge n's subtrees into its place, higher priority on top.
+    block_type* a = n->left;
+    block_type* b = n->right;
+    while (a != nullptr && b != nullptr) {
+      if (a->priority > b->priority) {
+        *link = a;
+        link = &a->right;
+        a = a->right;
+      } else {
+        *link = b;
+        link = &b->left;
+        b = b->left;
+      }
     }
-  }
-  static block_type* treap_insert(block_type* t, block_type* n) noexcept {
-    if (t == nullptr) return n;
-    if (n->priority > t->priority) {
-      treap_split(t, n, n->left, n->right);
-      return n;
-    }
-    if (less(n, t)) {
-      t->left = treap_insert(t->left, n);
-    } else {
-      t->right = treap_insert(t->right, n);
-    }
-    return t;
-  }
-  static block_type* treap_erase(block_type* t, block_type* n) noexcept {
-    if (t == n) return treap_merge(t->left, t->right);
-    if (less(n, t)) {
-      t->left = treap_erase(t->left, n);
-    } else {
-      t->right = treap_erase(t->right, n);
-    }
-    return t;
+    *link = a != nullptr ? a : b;
+    return root;
   }
   static block_type* treap_lower_bound(block_type* t, std::size_t size) noexcept {
     block_type* best = nullptr;
@@ -198,8 +205,6 @@ class free_block_index {
   std::array<block_type*, k_num_classes> roots_{};
   std::array<std::uint64_t, k_num_words> words_{};
   std::array<std::uint64_t, (k_num_words + 63) / 64> summary_{};
-  std::size_t count_ = 0;
-  std::size_t bytes_ = 0;
 };
 
 }  // namespace gpumem::detail
