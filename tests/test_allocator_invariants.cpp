@@ -19,6 +19,12 @@ using gpumem::simulated_device;
 struct classic_policy {
   static constexpr const char* name = "classic";
 };
+struct expandable_policy {
+  static constexpr const char* name = "expandable";
+};
+struct stitch_policy {
+  static constexpr const char* name = "stitch";
+};
 
 template <class Policy>
 class AllocatorInvariants : public ::testing::Test {
@@ -102,7 +108,7 @@ class AllocatorInvariants : public ::testing::Test {
   }
 };
 
-using policies = ::testing::Types<classic_policy>;
+using policies = ::testing::Types<classic_policy, expandable_policy, stitch_policy>;
 TYPED_TEST_SUITE(AllocatorInvariants, policies);
 
 TYPED_TEST(AllocatorInvariants, DefaultConfig) {

@@ -23,6 +23,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>  // std::lock_guard
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -48,10 +49,19 @@ namespace gpumem {
 namespace detail {
 
 template <class Stream>
+struct address_order {
+  bool operator()(const block<Stream>* a, const block<Stream>* b) const noexcept {
+    return a->ptr < b->ptr;
+  }
+};
+
+template <class Stream>
 struct pool {
   Stream stream{};
   bool is_small = false;
-  free_block_index<Stream> index;
+  free_block_index<Stream> index;  // free mapped blocks
+  // Unmapped blocks of this pool's VMM segments, lowest address first (touched on misses only).
+  std::set<block<Stream>*, address_order<Stream>> unmapped;
 };
 
 template <class Stream>
@@ -104,12 +114,9 @@ class caching_allocator {
   explicit caching_allocator(Device& device,
                              allocator_config config = allocator_config::from_environment())
       : device_(device), config_(std::move(config)) {
-    policy_ = config_.effective_policy(false);
-    if (policy_ != allocator_policy::classic) {
-      throw config_error(fmt::format("gpumem config: policy '{}' is not available for this device; "
-                                     "use policy:classic",
-                                     to_string(policy_)),
-                         "policy", std::string(to_string(policy_)), 0);
+    policy_ = config_.effective_policy(is_vmm_device_v<Device>);
+    if constexpr (is_vmm_device_v<Device>) {
+      if (vmm_policy()) granularity_ = device_.granularity();
     }
     stats_.max_split_size = static_cast<std::int64_t>(config_.max_split_size);
     if (config_.has_memory_cap()) set_memory_fraction(*config_.per_process_memory_fraction);
@@ -128,10 +135,25 @@ class caching_allocator {
       }
       for (event_type e : free_events_) device_.destroy_event(e);
       for (segment_type* s = segments_; s != nullptr; s = s->next) {
-        device_.deallocate(reinterpret_cast<void*>(s->ptr), s->size);
+        if (s->page_size != 0) {
+          release_vmm_segment_unchecked(s);
+        } else {
+          device_.deallocate(reinterpret_cast<void*>(s->ptr), s->size);
+        }
       }
     } catch (...) {
       // A destructor must not throw; the device reports whatever could not be returned.
+    }
+    // The slabs free their memory wholesale; run the destructors of what is still in them.
+    for (segment_type* s = segments_; s != nullptr;) {
+      segment_type* next_segment = s->next;
+      for (block_type* b = s->head; b != nullptr;) {
+        block_type* next_block = b->next;
+        block_pool_.destroy(b);
+        b = next_block;
+      }
+      segment_pool_.destroy(s);
+      s = next_segment;
     }
   }
 
@@ -402,6 +424,7 @@ class caching_allocator {
   // PyTorch's miss path: GC, then the device, then free one oversize block and retry, then free
   // the whole cache and retry; then out_of_memory.
   block_type* allocate_new_block(pool_type& p, std::size_t size, std::size_t rounded) {
+    if (vmm_policy()) return vmm_allocate_new_block(p, size, rounded);
     const std::size_t seg_size = detail::allocation_size(rounded, config_.large_segment_size);
     if (gc_enabled()) garbage_collect_cached_blocks();
     bool fraction_refused = false;
@@ -454,7 +477,7 @@ class caching_allocator {
   // oversize block that covers the request, else the largest oversize blocks until enough.
   bool release_available_cached_blocks(pool_type& p, std::size_t rounded) {
     const std::size_t max_split = config_.max_split_size;
-    if (max_split == std::numeric_limits<std::size_t>::max()) return false;
+    if (max_split == std::numeric_limits<std::size_t>::max() || vmm_policy()) return false;
     const std::size_t key = rounded < max_split ? max_split : rounded;
     if (block_type* b = p.index.lower_bound(key)) {
       if (b->is_split())
@@ -478,6 +501,10 @@ class caching_allocator {
   // PyTorch's release_cached_blocks: wait for all events, then free every unsplit cached block.
   void release_cached_blocks() {
     synchronize_and_free_events();
+    if (vmm_policy()) {
+      release_vmm_cache();
+      return;
+    }
     std::vector<block_type*> whole;
     for (auto& sp : stream_pools_) {
       for (pool_type* p : {&sp->large, &sp->small}) {
@@ -492,6 +519,7 @@ class caching_allocator {
   // PyTorch's garbage_collect_cached_blocks: above threshold x cap, free unsplit large blocks
   // whose age (free-block lookups since they were cached) is at least the average, repeatedly.
   void garbage_collect_cached_blocks() {
+    if (vmm_policy()) return;  // as PyTorch skips expandable segments: they unmap on empty_cache
     const auto threshold = static_cast<std::size_t>(config_.garbage_collection_threshold *
                                                     static_cast<double>(allowed_memory_maximum_));
     if (reserved_total_ <= threshold) return;
@@ -549,7 +577,11 @@ class caching_allocator {
   GPUMEM_ALWAYS_INLINE void* alloc_found_block(block_type* b, pool_type& p, std::size_t rounded,
                                                std::size_t requested) {
     const bool already_split = b->is_split();
-    if (detail::should_split(b->size, rounded, p.is_small, config_.max_split_size)) {
+    // VMM segments split any remainder of at least 512 B (PyTorch's rule for expandable segments)
+    // and are left out of inactive_split, as in PyTorch.
+    const bool vmm = b->seg->page_size != 0;
+    if (vmm ? b->size - rounded >= detail::k_min_block_size
+            : detail::should_split(b->size, rounded, p.is_small, config_.max_split_size)) {
       block_type* remaining = b;
       b = block_pool_.create(remaining->ptr, rounded, &p, remaining->seg);
       b->prev = remaining->prev;
@@ -563,13 +595,14 @@ class caching_allocator {
       remaining->ptr += rounded;
       remaining->size -= rounded;
       index_insert(p, remaining);
-      if (already_split) {
+      if (vmm) {
+      } else if (already_split) {
         counts_.decrease(p.is_small, counter::inactive_split_bytes, as_i64(rounded));
       } else {
         counts_.increase(p.is_small, counter::inactive_split_bytes, as_i64(remaining->size));
         counts_.increase(p.is_small, counter::inactive_split, 1);
       }
-    } else if (already_split) {
+    } else if (already_split && !vmm) {
       counts_.decrease(p.is_small, counter::inactive_split_bytes, as_i64(b->size));
       counts_.decrease(p.is_small, counter::inactive_split, 1);
     }
@@ -614,7 +647,9 @@ class caching_allocator {
       }
     }
     index_insert(p, b);
-    if (b->is_split()) {
+    if (b->seg->page_size != 0) {
+      net_inactive_blocks = net_inactive_bytes = 0;  // VMM blocks are not inactive_split
+    } else if (b->is_split()) {
       net_inactive_blocks += 1;
       net_inactive_bytes += as_i64(b->size);
     }
@@ -636,7 +671,8 @@ class caching_allocator {
 
   GPUMEM_ALWAYS_INLINE std::size_t try_merge_blocks(block_type* dst, block_type* src,
                                                     pool_type& p) {
-    if (src == nullptr || src->allocated || src->event_count > 0 || !src->stream_uses.empty()) {
+    if (src == nullptr || src->allocated || src->event_count > 0 || !src->stream_uses.empty() ||
+        src->mapped != dst->mapped) {
       return 0;
     }
     if (dst->prev == src) {
@@ -653,9 +689,395 @@ class caching_allocator {
     }
     const std::size_t subsumed = src->size;
     dst->size += subsumed;
-    p.index.erase(src);
+    if (src->mapped) {
+      p.index.erase(src);
+    } else {
+      p.unmapped.erase(src);
+    }
     block_pool_.destroy(src);
     return subsumed;
+  }
+
+  // --- the virtual-memory policies: expandable and stitch ---------------------------------------
+  //
+  // Both keep segments as reserved address ranges whose pages are each mapped to one physical
+  // allocation (cuMemCreate). A block of such a segment is mapped or unmapped; unmapped blocks are
+  // page-aligned, never in the free index, and kept per pool in address order, so that a miss can
+  // grow a free block into the unmapped space after it (PyTorch's find_expandable_block).
+  //
+  // expandable (PyTorch's expandable_segments): one range per stream and pool, 9/8 of the device,
+  // growing by pages of 2 MiB (small pool) or large_segment_size (large pool); unused pages are
+  // unmapped and released on empty_cache and on the out-of-memory retry.
+  //
+  // stitch: a range per miss, sized as the classic policy would size the segment, backed by pages
+  // of the device's granularity. The pages for a miss are first taken from free cached blocks
+  // anywhere (unmapped there, mapped here), and only then created: reserved memory grows only when
+  // the free cached pages cannot serve the request. Cache hits never touch the device.
+
+  bool vmm_policy() const noexcept { return policy_ != allocator_policy::classic; }
+
+  static std::size_t round_up(std::size_t v, std::size_t to) noexcept {
+    return (v + to - 1) / to * to;
+  }
+
+  std::size_t vmm_page_size(const pool_type& p) const noexcept {
+    if (policy_ == allocator_policy::expandable && !p.is_small) {
+      return round_up(config_.large_segment_size, granularity_);
+    }
+    return policy_ == allocator_policy::expandable ? round_up(detail::k_small_buffer, granularity_)
+                                                   : granularity_;
+  }
+
+  static bool allocatable(const block_type* b) noexcept {
+    return b != nullptr && !b->allocated && b->event_count == 0 && b->stream_uses.empty();
+  }
+
+  static bool is_out_of_memory(const cuda_error& e) noexcept { return e.code() == 2; }
+
+  // Miss path of the VMM policies: the same retry order as classic (PyTorch releases the whole
+  // cache, unmapping free pages, before its one retry).
+  block_type* vmm_allocate_new_block(pool_type& p, std::size_t size, std::size_t rounded) {
+    bool fraction_refused = false;
+    block_type* b = vmm_alloc_block(p, rounded, false, fraction_refused);
+    if (b == nullptr) {
+      release_cached_blocks();
+      b = vmm_alloc_block(p, rounded, true, fraction_refused);
+    }
+    if (b == nullptr)
+      throw_oom(size, rounded, round_up(rounded, vmm_page_size(p)), p, fraction_refused);
+    return b;
+  }
+
+  // PyTorch's try_allocate_expandable_block, over every VMM segment of the pool: find free address
+  // space, map what is unmapped in it, and return one free mapped block of at least `rounded`.
+  block_type* vmm_alloc_block(pool_type& p, std::size_t rounded, bool is_retry,
+                              bool& fraction_refused) {
+    if constexpr (is_vmm_device_v<Device>) {
+      if (is_retry) ++stats_.num_alloc_retries;
+      fraction_refused = false;
+      block_type* c = find_vmm_candidate(p, rounded);
+      segment_type* fresh = nullptr;
+      if (c == nullptr) {
+        const std::size_t page = vmm_page_size(p);
+        const std::size_t seg_size =
+            policy_ == allocator_policy::expandable
+                ? round_up(device_.total_memory() + device_.total_memory() / 8, page)
+                : round_up(detail::allocation_size(rounded, config_.large_segment_size), page);
+        fresh = create_vmm_segment(p, seg_size, page);
+        if (fresh == nullptr) return nullptr;
+        c = fresh->head;
+      }
+      // Stealing never takes pages from the segment being assembled: unmapping there could merge
+      // into (and free) the blocks this loop holds.
+      const std::uintptr_t lo = c->seg->ptr;
+      const std::uintptr_t hi = c->seg->ptr + c->seg->size;
+      bool ok = c->mapped || map_block(c, std::min(c->size, rounded), lo, hi, fraction_refused);
+      while (ok && c->size < rounded) {
+        block_type* next = c->next;  // unmapped: free mapped neighbours are always merged
+        ok = map_block(next, std::min(rounded - c->size, next->size), lo, hi, fraction_refused);
+        if (ok) c = next;
+      }
+      if (!ok) {
+        if (fresh != nullptr && fresh->mapped_pages == 0) destroy_vmm_segment(fresh);
+        return nullptr;
+      }
+      p.index.erase(c);
+      return c;
+    } else {
+      (void)p, (void)rounded, (void)is_retry, (void)fraction_refused;
+      return nullptr;
+    }
+  }
+
+  // The lowest-address unmapped block (with the free block before it) that starts a run of free
+  // blocks long enough for `size`.
+  block_type* find_vmm_candidate(pool_type& p, std::size_t size) const {
+    for (block_type* u : p.unmapped) {
+      block_type* c = allocatable(u->prev) ? u->prev : u;
+      std::size_t bytes = 0;
+      for (block_type* b = c; b != nullptr && bytes < size && allocatable(b); b = b->next) {
+        bytes += b->size;
+      }
+      if (bytes >= size) return c;
+    }
+    return nullptr;
+  }
+
+  void link_segment(segment_type* s) noexcept {
+    s->prev = segments_tail_;
+    s->next = nullptr;
+    if (segments_tail_ != nullptr) {
+      segments_tail_->next = s;
+    } else {
+      segments_ = s;
+    }
+    segments_tail_ = s;
+  }
+
+  void unlink_segment(segment_type* s) noexcept {
+    (s->prev != nullptr ? s->prev->next : segments_) = s->next;
+    (s->next != nullptr ? s->next->prev : segments_tail_) = s->prev;
+  }
+
+  // Reserves an address range with nothing mapped: one unmapped block covering it.
+  segment_type* create_vmm_segment(pool_type& p, std::size_t size, std::size_t page) {
+    std::uintptr_t va = 0;
+    try {
+      va = device_.reserve_address(size, granularity_);
+    } catch (const cuda_error& e) {
+      if (!is_out_of_memory(e)) throw;
+      return nullptr;
+    }
+    segment_type* s = segment_pool_.create();
+    s->ptr = va;
+    s->size = size;
+    s->owner = &p;
+    s->page_size = page;
+    s->pages.assign(size / page, 0);
+    s->mapped_pages = 0;
+    link_segment(s);
+    block_type* b = block_pool_.create(va, size, &p, s);
+    b->mapped = false;
+    s->head = b;
+    p.unmapped.insert(b);
+    counts_.increase(p.is_small, counter::segment, 1);
+    return s;
+  }
+
+  // Frees the address range of a segment with nothing mapped.
+  void destroy_vmm_segment(segment_type* s) {
+    pool_type& p = *s->owner;
+    block_type* b = s->head;
+    p.unmapped.erase(b);
+    block_pool_.destroy(b);
+    device_.free_address(s->ptr, s->size);
+    counts_.decrease(p.is_small, counter::segment, 1);
+    unlink_segment(s);
+    segment_pool_.destroy(s);
+  }
+
+  // Inserts a new block between `before` (may be null) and `after` (may be null) of segment s.
+  void splice(block_type* b, block_type* before, block_type* after) noexcept {
+    b->prev = before;
+    b->next = after;
+    if (before != nullptr) {
+      before->next = b;
+    } else {
+      b->seg->head = b;
+    }
+    if (after != nullptr) after->prev = b;
+  }
+
+  // Obtains `count` pages of `page` bytes: for stitch, first from free cached blocks outside
+  // [lo, hi), then new ones. On failure everything obtained is released and false returned.
+  bool acquire_pages(std::size_t page, std::size_t count, std::uintptr_t lo, std::uintptr_t hi,
+                     std::vector<std::uint64_t>& out, bool& fraction_refused) {
+    if constexpr (is_vmm_device_v<Device>) {
+      if (policy_ == allocator_policy::stitch) steal_pages(count, lo, hi, out);
+      const std::size_t stolen = out.size();
+      while (out.size() < count) {
+        if (fraction_set_ &&
+            reserved_total_ + (out.size() - stolen + 1) * page > allowed_memory_maximum_) {
+          fraction_refused = true;
+          break;
+        }
+        const auto h = device_.create_physical(page);
+        if (h == typename Device::physical_handle{}) break;
+        ++stats_.num_device_alloc;
+        out.push_back(static_cast<std::uint64_t>(h));
+      }
+      if (out.size() == count) return true;
+      // Stolen pages were already unmapped from their blocks and subtracted from reserved memory.
+      for (std::uint64_t h : out) {
+        device_.release_physical(static_cast<typename Device::physical_handle>(h));
+        ++stats_.num_device_free;
+      }
+      out.clear();
+      return false;
+    } else {
+      (void)page, (void)count, (void)lo, (void)hi, (void)out, (void)fraction_refused;
+      return false;
+    }
+  }
+
+  // Unmaps up to `count` whole pages from free mapped blocks outside [lo, hi), largest first, and
+  // hands their physical allocations over in `out`.
+  void steal_pages(std::size_t count, std::uintptr_t lo, std::uintptr_t hi,
+                   std::vector<std::uint64_t>& out) {
+    struct victim {
+      block_type* block;
+      std::size_t pages;
+    };
+    std::vector<victim> victims;
+    for (auto& sp : stream_pools_) {
+      for (pool_type* q : {&sp->large, &sp->small}) {
+        q->index.for_each([&](block_type* b) {
+          if (b->ptr < hi && b->ptr + b->size > lo) return;
+          if (const std::size_t n = interior_pages(b)) victims.push_back({b, n});
+        });
+      }
+    }
+    std::sort(victims.begin(), victims.end(), [](const victim& a, const victim& b) {
+      return a.pages != b.pages ? a.pages > b.pages : a.block->ptr < b.block->ptr;
+    });
+    for (const victim& v : victims) {
+      if (out.size() >= count) break;
+      segment_type* s = v.block->seg;
+      unmap_pages(v.block, count - out.size(), false, &out);
+      const bool holds_target = lo >= s->ptr && lo < s->ptr + s->size;
+      if (s->mapped_pages == 0 && !holds_target) destroy_vmm_segment(s);
+    }
+  }
+
+  static std::size_t interior_pages(const block_type* b) noexcept {
+    const segment_type* s = b->seg;
+    if (s->page_size == 0 || !b->mapped) return 0;
+    const std::size_t first = round_up(b->ptr - s->ptr, s->page_size) / s->page_size;
+    const std::size_t last = (b->ptr + b->size - s->ptr) / s->page_size;
+    return last > first ? last - first : 0;
+  }
+
+  // PyTorch's unmap_block: unmaps the whole pages inside free mapped block b (at most max_pages,
+  // from its high end), leaving mapped free blocks for the partial pages at its edges. The physical
+  // allocations are released, or handed over in `stolen`. Returns the number of pages unmapped.
+  std::size_t unmap_pages(block_type* b, std::size_t max_pages, bool release,
+                          std::vector<std::uint64_t>* stolen) {
+    if constexpr (is_vmm_device_v<Device>) {
+      segment_type* s = b->seg;
+      pool_type& p = *b->owner;
+      const std::size_t page = s->page_size;
+      std::size_t first = round_up(b->ptr - s->ptr, page) / page;
+      const std::size_t last = (b->ptr + b->size - s->ptr) / page;
+      if (last <= first || max_pages == 0) return 0;
+      if (last - first > max_pages) first = last - max_pages;
+      const std::size_t n = last - first;
+      const std::uintptr_t range_lo = s->ptr + first * page;
+      const std::uintptr_t range_hi = s->ptr + last * page;
+      device_.unmap(range_lo, range_hi - range_lo);
+      for (std::size_t i = first; i < last; ++i) {
+        const std::uint64_t h = s->pages[i];
+        s->pages[i] = 0;
+        if (release) {
+          device_.release_physical(static_cast<typename Device::physical_handle>(h));
+          ++stats_.num_device_free;
+        } else {
+          stolen->push_back(h);
+        }
+      }
+      s->mapped_pages -= n;
+      reserved_total_ -= n * page;
+      counts_.decrease(p.is_small, counter::reserved_bytes, as_i64(n * page));
+
+      p.index.erase(b);
+      if (range_lo > b->ptr) {
+        block_type* before = block_pool_.create(b->ptr, range_lo - b->ptr, &p, s);
+        splice(before, b->prev, b);
+        index_insert(p, before);
+      }
+      if (range_hi < b->ptr + b->size) {
+        block_type* after = block_pool_.create(range_hi, b->ptr + b->size - range_hi, &p, s);
+        splice(after, b, b->next);
+        index_insert(p, after);
+      }
+      b->ptr = range_lo;
+      b->size = range_hi - range_lo;
+      b->mapped = false;
+      try_merge_blocks(b, b->prev, p);
+      try_merge_blocks(b, b->next, p);
+      p.unmapped.insert(b);
+      return n;
+    } else {
+      (void)b, (void)max_pages, (void)release, (void)stolen;
+      return 0;
+    }
+  }
+
+  // PyTorch's map_block: maps the first `size` bytes (rounded up to pages) of unmapped block
+  // `to_map`, merges the result with free mapped neighbours and indexes it.
+  bool map_block(block_type* to_map, std::size_t size, std::uintptr_t lo, std::uintptr_t hi,
+                 bool& fraction_refused) {
+    if constexpr (is_vmm_device_v<Device>) {
+      segment_type* s = to_map->seg;
+      pool_type& p = *to_map->owner;
+      const std::size_t page = s->page_size;
+      const std::size_t first = (to_map->ptr - s->ptr) / page;
+      const std::size_t n = round_up(size, page) / page;
+      std::vector<std::uint64_t> handles;
+      if (!acquire_pages(page, n, lo, hi, handles, fraction_refused)) return false;
+      std::size_t mapped = 0;
+      try {
+        for (; mapped < n; ++mapped) {
+          device_.map(to_map->ptr + mapped * page, page, 0,
+                      static_cast<typename Device::physical_handle>(handles[mapped]));
+        }
+        device_.set_access(to_map->ptr, n * page);
+      } catch (const cuda_error& e) {
+        if (mapped > 0) device_.unmap(to_map->ptr, mapped * page);
+        for (std::uint64_t h : handles) {
+          device_.release_physical(static_cast<typename Device::physical_handle>(h));
+          ++stats_.num_device_free;
+        }
+        if (!is_out_of_memory(e)) throw;
+        return false;
+      }
+      for (std::size_t i = 0; i < n; ++i) s->pages[first + i] = handles[i];
+      s->mapped_pages += n;
+      reserved_total_ += n * page;
+      counts_.increase(p.is_small, counter::reserved_bytes, as_i64(n * page));
+
+      p.unmapped.erase(to_map);
+      to_map->mapped = true;
+      if (n * page < to_map->size) {
+        block_type* rest =
+            block_pool_.create(to_map->ptr + n * page, to_map->size - n * page, &p, s);
+        rest->mapped = false;
+        splice(rest, to_map, to_map->next);
+        p.unmapped.insert(rest);
+        to_map->size = n * page;
+      }
+      try_merge_blocks(to_map, to_map->prev, p);
+      try_merge_blocks(to_map, to_map->next, p);
+      index_insert(p, to_map);
+      return true;
+    } else {
+      (void)to_map, (void)size, (void)lo, (void)hi, (void)fraction_refused;
+      return false;
+    }
+  }
+
+  // empty_cache and the out-of-memory retry: unmap and release every whole free page, then give
+  // back the address ranges that have nothing mapped.
+  void release_vmm_cache() {
+    std::vector<block_type*> free_blocks;
+    for (auto& sp : stream_pools_) {
+      for (pool_type* p : {&sp->large, &sp->small}) {
+        p->index.for_each([&](block_type* b) {
+          if (interior_pages(b) > 0) free_blocks.push_back(b);
+        });
+      }
+    }
+    for (block_type* b : free_blocks) {
+      unmap_pages(b, std::numeric_limits<std::size_t>::max(), true, nullptr);
+    }
+    for (segment_type* s = segments_; s != nullptr;) {
+      segment_type* next = s->next;
+      if (s->page_size != 0 && s->mapped_pages == 0) destroy_vmm_segment(s);
+      s = next;
+    }
+  }
+
+  // Destructor helper: unmaps and releases every page and the address range. May throw.
+  void release_vmm_segment_unchecked(segment_type* s) {
+    if constexpr (is_vmm_device_v<Device>) {
+      for (std::size_t i = 0; i < s->pages.size(); ++i) {
+        if (s->pages[i] == 0) continue;
+        device_.unmap(s->ptr + i * s->page_size, s->page_size);
+        device_.release_physical(static_cast<typename Device::physical_handle>(s->pages[i]));
+      }
+      device_.free_address(s->ptr, s->size);
+    } else {
+      (void)s;
+    }
   }
 
   // --- stream events -----------------------------------------------------------------------------
@@ -763,6 +1185,39 @@ class caching_allocator {
 
   // --- invariants --------------------------------------------------------------------------------
 
+  // The mapping of a VMM segment agrees with its blocks: unmapped blocks are page-aligned, hold no
+  // page, are listed in their pool's unmapped set and merged with unmapped neighbours; every page a
+  // mapped block touches is mapped.
+  void check_vmm_segment(const segment_type* s) const {
+    auto fail = [](const std::string& what) {
+      throw std::logic_error("gpumem invariant violated: " + what);
+    };
+    const std::size_t page = s->page_size;
+    std::size_t mapped = 0;
+    for (std::uint64_t h : s->pages) mapped += h != 0 ? 1 : 0;
+    if (mapped != s->mapped_pages) fail("segment's mapped page count is wrong");
+    for (const block_type* b = s->head; b != nullptr; b = b->next) {
+      const std::size_t first = (b->ptr - s->ptr) / page;
+      const std::size_t last = round_up(b->ptr + b->size - s->ptr, page) / page;
+      if (!b->mapped) {
+        if ((b->ptr - s->ptr) % page != 0 || b->size % page != 0)
+          fail("unmapped block not page-aligned");
+        if (b->allocated || b->event_count > 0) fail("unmapped block in use");
+        if (s->owner->unmapped.count(const_cast<block_type*>(b)) == 0)
+          fail("unmapped block not listed");
+        if (b->next != nullptr && !b->next->mapped) fail("unmapped neighbours not merged");
+        for (std::size_t i = first; i < last; ++i) {
+          if (s->pages[i] != 0) fail(fmt::format("unmapped block {:#x} has a mapped page", b->ptr));
+        }
+      } else {
+        for (std::size_t i = first; i < last; ++i) {
+          if (s->pages[i] == 0)
+            fail(fmt::format("mapped block {:#x} has an unmapped page", b->ptr));
+        }
+      }
+    }
+  }
+
   void check_invariants_locked() const {
     auto fail = [](const std::string& what) {
       throw std::logic_error("gpumem invariant violated: " + what);
@@ -781,7 +1236,10 @@ class caching_allocator {
     std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ranges;
     for (const segment_type* s = segments_; s != nullptr; s = s->next) {
       ranges.emplace_back(s->ptr, s->ptr + s->size);
-      reserved += s->size;
+      const bool vmm = s->page_size != 0;
+      const std::size_t seg_reserved = vmm ? s->mapped_pages * s->page_size : s->size;
+      reserved += seg_reserved;
+      if (vmm) check_vmm_segment(s);
       if (s->head == nullptr || s->head->prev != nullptr)
         fail("segment head is not its first block");
       std::uintptr_t expect = s->ptr;
@@ -789,9 +1247,9 @@ class caching_allocator {
       const std::size_t pt = s->owner->is_small ? 1 : 2;
       for (std::size_t t : {std::size_t{0}, pt}) {
         rc[t].segment += 1;
-        rc[t].reserved_bytes += as_i64(s->size);
+        rc[t].reserved_bytes += as_i64(seg_reserved);
       }
-      if (s->size >= config_.max_split_size) ++oversize_segs;
+      if (!vmm && s->size >= config_.max_split_size) ++oversize_segs;
       for (const block_type* b = s->head; b != nullptr; b = b->next) {
         if (b->ptr != expect)
           fail(fmt::format("gap or overlap at {:#x} in segment {:#x}", b->ptr, s->ptr));
@@ -800,7 +1258,7 @@ class caching_allocator {
         if (b->next != nullptr && b->next->prev != b) fail("broken prev/next links");
         expect += b->size;
         const bool pending = !b->allocated && b->event_count > 0;
-        const bool is_free = !b->allocated && !pending;
+        const bool is_free = !b->allocated && !pending && b->mapped;
         if (b->allocated) {
           ++allocated_blocks;
           if (allocated_.find(b->ptr) != b) fail("allocated block missing from the pointer map");
@@ -811,13 +1269,14 @@ class caching_allocator {
           if (!b->indexed) fail(fmt::format("free block {:#x} is not indexed", b->ptr));
           ++indexed_blocks;
           if (b->next != nullptr && !b->next->allocated && b->next->event_count == 0 &&
-              b->next->stream_uses.empty()) {
+              b->next->stream_uses.empty() && b->next->mapped) {
             fail(fmt::format("free neighbours {:#x} and {:#x} were not merged", b->ptr,
                              b->next->ptr));
           }
         } else if (b->indexed) {
-          fail("busy block is in the free index");
+          fail("busy or unmapped block is in the free index");
         }
+        if (!b->mapped) continue;  // unmapped blocks hold nothing; check_vmm_segment checks them
         for (std::size_t t : {std::size_t{0}, pt}) {
           if (b->allocated) {
             rc[t].allocation += 1;
@@ -827,7 +1286,7 @@ class caching_allocator {
             rc[t].active += 1;
             rc[t].active_bytes += as_i64(b->size);
             rc[t].requested_bytes += as_i64(b->requested_size);
-          } else if (split) {
+          } else if (split && !vmm) {
             rc[t].inactive_split += 1;
             rc[t].inactive_split_bytes += as_i64(b->size);
           }
@@ -851,6 +1310,16 @@ class caching_allocator {
       }
     }
     if (index_total != indexed_blocks) fail("free index holds blocks that are not free");
+    std::size_t unmapped_listed = 0;
+    std::size_t unmapped_blocks = 0;
+    for (const auto& sp : stream_pools_) {
+      for (const pool_type* p : {&sp->large, &sp->small}) unmapped_listed += p->unmapped.size();
+    }
+    for (const segment_type* s = segments_; s != nullptr; s = s->next) {
+      for (const block_type* b = s->head; b != nullptr; b = b->next)
+        unmapped_blocks += b->mapped ? 0 : 1;
+    }
+    if (unmapped_listed != unmapped_blocks) fail("unmapped sets hold blocks that are not unmapped");
     if (reserved != reserved_total_) fail("reserved total disagrees with the segments");
     auto check = [&](const stat_array& a, std::int64_t recount::*field, const char* name) {
       for (std::size_t t = 0; t < num_stat_types; ++t) {
@@ -899,6 +1368,7 @@ class caching_allocator {
   bool fraction_set_ = false;
   double fraction_ = 1.0;
   std::size_t allowed_memory_maximum_ = 0;
+  std::size_t granularity_ = 0;  // VMM page size (VMM policies only)
   std::int64_t peak_seen_ = -1;
   std::int64_t allocated_at_peak_ = 0;
 };

@@ -42,12 +42,19 @@ inline std::string oom_suggestion(const oom_facts& f) {
         f.fraction, format_size(n.device_free_bytes));
   }
   if (unallocated >= n.rounded_bytes) {
+    if (f.policy == "stitch") {
+      return fmt::format(
+          "{} is reserved but unallocated, yet the free pages could not be stitched into this "
+          "request: what is left is partial pages at the edges of live blocks and the small "
+          "pool's 2 MiB segments; reduce the memory the program keeps alive",
+          format_size(unallocated));
+    }
     std::string s = fmt::format(
         "{} is reserved but unallocated, enough for this request, yet no free block is large "
-        "enough: this is fragmentation. policy:stitch (or expandable_segments:True) lets free "
-        "pages of split segments serve new requests",
-        format_size(unallocated));
-    if (f.max_split_size == SIZE_MAX && n.rounded_bytes > (20u << 20)) {
+        "enough: this is fragmentation. policy:stitch{} lets the free pages of cached blocks "
+        "serve new requests",
+        format_size(unallocated), f.policy == "classic" ? " (or expandable_segments:True)" : "");
+    if (f.policy == "classic" && f.max_split_size == SIZE_MAX && n.rounded_bytes > (20u << 20)) {
       s += "; max_split_size_mb:<MiB> stops large cached blocks from being split for small "
            "requests";
     }

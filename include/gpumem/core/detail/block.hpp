@@ -39,6 +39,7 @@ struct block {
   std::uint32_t size_class = 0;     // free-index class, set while indexed
   bool allocated = false;
   bool indexed = false;  // in its pool's free index
+  bool mapped = true;    // false: a page-aligned range of a VMM segment with no physical memory
 
   block() = default;
   block(std::uintptr_t p, std::size_t s, pool<Stream>* o, segment<Stream>* sg) noexcept
@@ -53,6 +54,11 @@ struct segment {
   std::size_t size = 0;
   block<Stream>* head = nullptr;  // lowest-address block
   pool<Stream>* owner = nullptr;
+  // VMM segments (expandable and stitch policies): a reserved address range whose pages are mapped
+  // one physical allocation each; pages[i] is the handle mapped at ptr + i * page_size, 0 = none.
+  std::size_t page_size = 0;  // 0: a classic segment (one cudaMalloc)
+  std::vector<std::uint64_t> pages;
+  std::size_t mapped_pages = 0;
   segment* prev = nullptr;  // all segments of the allocator, in creation order
   segment* next = nullptr;
 };

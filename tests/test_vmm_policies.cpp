@@ -1,0 +1,259 @@
+// The virtual-memory policies: expandable (PyTorch's expandable_segments) and stitch.
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "support/sim.hpp"
+
+namespace {
+
+using namespace gpumem_test;
+using gpumem::simulated_device;
+
+std::uintptr_t addr(void* p) {
+  return reinterpret_cast<std::uintptr_t>(p);
+}
+
+// Pages of `page` bytes that hold at least one byte of a live (allocated or pending) block.
+std::size_t live_pages(const allocator& a, std::size_t page) {
+  std::size_t pages = 0;
+  for (const auto& seg : a.snapshot()) {
+    std::vector<bool> used(seg.total_size / page + 1, false);
+    for (const auto& b : seg.blocks) {
+      if (b.state == gpumem::block_state::inactive) continue;
+      for (std::uintptr_t p = (b.address - seg.address) / page;
+           p <= (b.address + b.size - 1 - seg.address) / page; ++p) {
+        used[p] = true;
+      }
+    }
+    for (bool u : used) pages += u ? 1 : 0;
+  }
+  return pages;
+}
+
+TEST(PolicySelection, AutomaticIsStitchWhereTheDeviceHasVmm) {
+  simulated_device dev{device_options(1 * GiB)};
+  allocator a(dev, gpumem::allocator_config::parse(""));
+  EXPECT_EQ(a.policy(), gpumem::allocator_policy::stitch);
+  allocator b(dev, gpumem::allocator_config::parse("expandable_segments:True"));
+  EXPECT_EQ(b.policy(), gpumem::allocator_policy::expandable);
+  allocator c(dev, gpumem::allocator_config::parse("policy:classic"));
+  EXPECT_EQ(c.policy(), gpumem::allocator_policy::classic);
+}
+
+TEST(Expandable, GrowsOneRangeByLargePagesAndShrinksOnEmptyCache) {
+  simulated_device dev{device_options(8 * GiB)};
+  allocator a(dev, config("policy:expandable"));
+  void* p = a.allocate(5 * MiB);
+  EXPECT_EQ(reserved(a), static_cast<std::int64_t>(20 * MiB));  // one 20 MiB page
+  void* q = a.allocate(30 * MiB);
+  EXPECT_EQ(addr(q), addr(p) + 5 * MiB);  // the same range, grown in place
+  EXPECT_EQ(reserved(a), static_cast<std::int64_t>(40 * MiB));
+  EXPECT_EQ(a.stats().segment[0].current, 1);
+  EXPECT_EQ(dev.counters().mem_create, 2u);
+  EXPECT_EQ(dev.counters().malloc, 0u);
+  a.deallocate(q);
+  a.empty_cache();  // the second page is free: unmapped and released
+  EXPECT_EQ(reserved(a), static_cast<std::int64_t>(20 * MiB));
+  a.deallocate(p);
+  a.empty_cache();
+  EXPECT_EQ(reserved(a), 0);
+  EXPECT_EQ(a.stats().segment[0].current, 0);
+  EXPECT_EQ(dev.bytes_in_use(), 0u);
+  EXPECT_EQ(dev.live_reservations(), 0u);
+  a.check_invariants();
+}
+
+TEST(Expandable, SmallPoolGrowsBy2MiBPages) {
+  simulated_device dev{device_options(8 * GiB)};
+  allocator a(dev, config("policy:expandable"));
+  std::vector<void*> ptrs;
+  for (int i = 0; i < 5; ++i) ptrs.push_back(a.allocate(1 * MiB));
+  EXPECT_EQ(a.stats().reserved_bytes[1].current, static_cast<std::int64_t>(6 * MiB));
+  for (int i = 1; i < 5; ++i) EXPECT_EQ(addr(ptrs[i]), addr(ptrs[i - 1]) + 1 * MiB);
+  for (void* p : ptrs) a.deallocate(p);
+  a.check_invariants();
+}
+
+// Ten 20 MiB segments, each pinned by one 1.5 MiB block: 185 MiB cached but split.
+std::vector<void*> pin_segments(allocator& a) {
+  std::vector<void*> keep;
+  std::vector<void*> release;
+  for (int i = 0; i < 10; ++i) {
+    release.push_back(a.allocate(9 * MiB + 512 * KiB));
+    release.push_back(a.allocate(9 * MiB));
+    keep.push_back(a.allocate(1536 * KiB));
+  }
+  for (void* p : release) a.deallocate(p);
+  return keep;
+}
+
+TEST(Stitch, UnderPressureSucceedsWhereClassicFails) {
+  simulated_device classic_dev{device_options(200 * MiB)};
+  allocator classic(classic_dev, config("policy:classic"));
+  auto classic_keep = pin_segments(classic);
+  EXPECT_THROW(classic.allocate(30 * MiB), gpumem::out_of_memory);
+
+  simulated_device dev{device_options(200 * MiB)};
+  allocator a(dev, config("policy:stitch"));
+  auto keep = pin_segments(a);
+  const auto creates = dev.counters().mem_create;
+  void* big = a.allocate(30 * MiB);  // pages unmapped from the free blocks, mapped here
+  EXPECT_NE(big, nullptr);
+  EXPECT_EQ(dev.counters().mem_create, creates);  // no new physical memory
+  EXPECT_GE(dev.counters().mem_unmap, 1u);
+  EXPECT_LE(reserved(a), static_cast<std::int64_t>(200 * MiB));
+  void* more = a.allocate(100 * MiB);  // still fits: 15 + 30 + 100 MiB live of 200
+  a.check_invariants();
+  for (void* p : keep) a.deallocate(p);
+  a.deallocate(big);
+  a.deallocate(more);
+  for (void* p : classic_keep) classic.deallocate(p);
+}
+
+TEST(Stitch, OutOfMemoryOnlyWhenTheLiveSetPlusTheRequestDoesNotFit) {
+  constexpr std::size_t capacity = 256 * MiB;
+  constexpr std::size_t page = 2 * MiB;
+  int ooms = 0;
+  for (std::uint64_t seed = 1; seed <= 60; ++seed) {
+    simulated_device dev{device_options(capacity)};
+    allocator a(dev, config("policy:stitch"));
+    std::mt19937_64 rng(seed);
+    std::vector<void*> live;
+    for (int op = 0; op < 300; ++op) {
+      if (rng() % 100 < 55 || live.empty()) {
+        const std::size_t size = rng() % 4 == 0 ? 1 + rng() % (1 * MiB) : 1 + rng() % (40 * MiB);
+        const std::size_t live_before = live_pages(a, page);
+        try {
+          live.push_back(a.allocate(size));
+        } catch (const gpumem::out_of_memory&) {
+          ++ooms;
+          // Only when the pages the live blocks touch plus the request's pages exceed the device.
+          const std::size_t request_pages = (size + page - 1) / page;
+          EXPECT_GT(live_before + request_pages, capacity / page)
+              << "seed " << seed << " op " << op << " size " << size;
+        }
+      } else {
+        const std::size_t i = rng() % live.size();
+        a.deallocate(live[i]);
+        live[i] = live.back();
+        live.pop_back();
+      }
+      a.check_invariants();
+      if (::testing::Test::HasFailure()) return;
+    }
+    for (void* p : live) a.deallocate(p);
+  }
+  EXPECT_GT(ooms, 0);  // the sizes do exhaust the device sometimes
+}
+
+TEST(Stitch, SteadyStateMakesNoDeviceCall) {
+  simulated_device dev{device_options(1 * GiB)};
+  allocator a(dev, config("policy:stitch"));
+  auto step = [&](int seq) {
+    std::vector<void*> acts;
+    for (int layer = 0; layer < 12; ++layer) {
+      acts.push_back(a.allocate(static_cast<std::size_t>(seq) * 4096));
+      acts.push_back(a.allocate(static_cast<std::size_t>(seq) * 12288));
+    }
+    for (auto it = acts.rbegin(); it != acts.rend(); ++it) a.deallocate(*it);
+  };
+  // The first steps place blocks differently from one step to the next (best fit picks other
+  // blocks once everything is cached) and stitch moves pages instead of growing; it settles.
+  for (int i = 0; i < 5; ++i) step(1024);
+  const auto warm = dev.counters();
+  for (int i = 0; i < 20; ++i) step(1024);
+  EXPECT_EQ(dev.counters(), warm);
+  EXPECT_EQ(reserved(a), static_cast<std::int64_t>(12 * 16 * MiB));  // exactly the step's live set
+  a.check_invariants();
+}
+
+TEST(Stitch, ReservedStaysNearPeakRequestedWhenShapesChange) {
+  simulated_device dev{device_options(8 * GiB)};
+  allocator a(dev, config("policy:stitch"));
+  std::mt19937_64 rng(3);
+  std::size_t peak_requested = 0;
+  for (int step = 0; step < 50; ++step) {
+    const std::size_t seq = 256 + 64 * (rng() % 60);
+    std::vector<void*> acts;
+    std::size_t requested = 0;
+    for (int layer = 0; layer < 16; ++layer) {
+      for (std::size_t size : {seq * 8192, seq * 24576}) {
+        acts.push_back(a.allocate(size));
+        requested += size;
+      }
+    }
+    peak_requested = std::max(peak_requested, requested);
+    for (auto it = acts.rbegin(); it != acts.rend(); ++it) a.deallocate(*it);
+  }
+  const auto peak_reserved = static_cast<double>(a.stats().reserved_bytes[0].peak);
+  EXPECT_LE(peak_reserved, 1.10 * static_cast<double>(peak_requested));
+  a.check_invariants();
+}
+
+TEST(VmmPolicies, EmptyCacheAndDestructionReturnEverything) {
+  for (const char* policy : {"policy:expandable", "policy:stitch"}) {
+    simulated_device dev{device_options(2 * GiB)};
+    {
+      allocator a(dev, config(policy));
+      std::vector<void*> ptrs;
+      for (std::size_t s : {300u, 700000u, 3000000u, 50000000u, 12345678u}) {
+        ptrs.push_back(a.allocate(s));
+      }
+      for (void* p : ptrs) a.deallocate(p);
+      a.empty_cache();
+      EXPECT_EQ(reserved(a), 0) << policy;
+      EXPECT_EQ(dev.bytes_in_use(), 0u) << policy;
+      a.allocate(5 * MiB);  // left live: the destructor must return it
+    }
+    EXPECT_EQ(dev.bytes_in_use(), 0u) << policy;
+    EXPECT_EQ(dev.live_reservations(), 0u) << policy;
+    EXPECT_EQ(dev.live_mappings(), 0u) << policy;
+  }
+}
+
+TEST(VmmPolicies, FaultsOnCreateOrMapLeaveTheAllocatorConsistent) {
+  for (const char* policy : {"policy:expandable", "policy:stitch"}) {
+    simulated_device clean{device_options(1 * GiB)};
+    auto run = [&](simulated_device& dev) {
+      int ooms = 0;
+      {
+        allocator a(dev, config(policy));
+        std::vector<void*> live;
+        for (int i = 0; i < 40; ++i) {
+          try {
+            live.push_back(a.allocate((static_cast<std::size_t>(i) % 7 + 1) * 3 * MiB + 1000));
+          } catch (const gpumem::out_of_memory&) {
+            ++ooms;
+          }
+          if (i % 3 == 2 && !live.empty()) {
+            a.deallocate(live.front());
+            live.erase(live.begin());
+          }
+          a.check_invariants();
+        }
+        for (void* p : live) a.deallocate(p);
+        a.check_invariants();
+      }
+      EXPECT_EQ(dev.bytes_in_use(), 0u) << policy;
+      EXPECT_EQ(dev.live_reservations(), 0u) << policy;
+      return ooms;
+    };
+    ASSERT_EQ(run(clean), 0);
+    const std::size_t fallible = clean.fallible_calls();
+    ASSERT_GT(fallible, 3u);
+    for (std::size_t n = 1; n <= fallible; ++n) {
+      auto o = device_options(1 * GiB);
+      o.faults.fail_nth_call = n;
+      simulated_device dev{o};
+      run(dev);  // an OOM may be reported; consistency and no leak are what must hold
+      EXPECT_EQ(dev.injected_faults(), 1u) << policy << " n=" << n;
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+}
+
+}  // namespace
