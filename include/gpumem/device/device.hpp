@@ -6,6 +6,7 @@
 // (simulated_device) that tests and the replay tool use. No virtual functions: the device is a
 // template parameter so the hot path has no indirect call.
 //
+// clang-format off
 // The concept (checked by is_device_v<D>):
 //
 //   struct Device {
@@ -13,23 +14,22 @@
 //     using event_type = ...;   // trivially copyable (cudaEvent_t)
 //     static constexpr bool supports_vmm = ...;  // true: also models the VMM extension below
 //
-//     int index() const noexcept;               // the device ordinal
-//     std::size_t total_memory() const;         // bytes of device memory
+//     int index() const noexcept;                      // the device ordinal
+//     std::size_t total_memory() const;                // bytes of device memory
 //     void memory_info(std::size_t& free_bytes, std::size_t& total_bytes);  // cudaMemGetInfo
-//     void* allocate(std::size_t bytes);        // one segment (cudaMalloc); nullptr when the
-//     device
-//                                               // is out of memory; other failures throw
-//                                               cuda_error
-//     void deallocate(void* ptr, std::size_t bytes);  // cudaFree; `bytes` is what allocate was
-//                                               // given. Implies a device synchronisation in CUDA.
+//     void* allocate(std::size_t bytes);               // one segment (cudaMalloc); nullptr when the
+//                                                      // device is out of memory; other failures
+//                                                      // throw cuda_error
+//     void deallocate(void* ptr, std::size_t bytes);   // cudaFree; `bytes` is what allocate was
+//                                                      // given. Implies a device synchronisation.
 //     stream_type default_stream() const noexcept;
-//     event_type create_event();                // cudaEventCreateWithFlags(cudaEventDisableTiming)
+//     event_type create_event();                       // cudaEventCreateWithFlags(DisableTiming)
 //     void destroy_event(event_type);
 //     void record_event(event_type, stream_type);
-//     bool query_event(event_type);             // true when the recorded work has completed (an
-//                                               // event never recorded is complete)
-//     void synchronize_event(event_type);       // waits for the recorded work
-//     void synchronize();                       // cudaDeviceSynchronize
+//     bool query_event(event_type);                    // true when the recorded work has completed
+//                                                      // (an event never recorded is complete)
+//     void synchronize_event(event_type);              // waits for the recorded work
+//     void synchronize();                              // cudaDeviceSynchronize
 //   };
 //
 // Common rules: every member may be called from any thread (the CUDA runtime is thread-safe and the
@@ -40,17 +40,16 @@
 // The VMM extension (devices with supports_vmm == true; checked by is_vmm_device_v<D>) mirrors the
 // CUDA driver's virtual-memory API, all sizes and addresses multiples of granularity():
 //
-//   using physical_handle = ...;                                 // CUmemGenericAllocationHandle;
-//                                                                // value-initialised = invalid
-//   std::size_t granularity() const;                             // cuMemGetAllocationGranularity
-//   std::uintptr_t reserve_address(std::size_t size, std::size_t alignment = 0);  //
-//   cuMemAddressReserve void free_address(std::uintptr_t va, std::size_t size);      //
-//   cuMemAddressFree physical_handle create_physical(std::size_t size);           // cuMemCreate;
-//   invalid handle on OOM void release_physical(physical_handle);                      //
-//   cuMemRelease void map(std::uintptr_t va, std::size_t size, std::size_t offset,
-//   physical_handle);  // cuMemMap void unmap(std::uintptr_t va, std::size_t size);             //
-//   cuMemUnmap void set_access(std::uintptr_t va, std::size_t size);        // cuMemSetAccess
-//   (read/write)
+//   using physical_handle = ...;            // CUmemGenericAllocationHandle; value-initialised = invalid
+//   std::size_t granularity() const;        // cuMemGetAllocationGranularity
+//   std::uintptr_t reserve_address(std::size_t size, std::size_t alignment = 0);  // cuMemAddressReserve
+//   void free_address(std::uintptr_t va, std::size_t size);                       // cuMemAddressFree
+//   physical_handle create_physical(std::size_t size);  // cuMemCreate; invalid handle on OOM
+//   void release_physical(physical_handle);             // cuMemRelease
+//   void map(std::uintptr_t va, std::size_t size, std::size_t offset, physical_handle);  // cuMemMap
+//   void unmap(std::uintptr_t va, std::size_t size);    // cuMemUnmap
+//   void set_access(std::uintptr_t va, std::size_t size);  // cuMemSetAccess (read/write)
+// clang-format on
 //
 // Also here: call_kind / call_counters / cost_model, the vocabulary for counting device calls and
 // pricing them, shared by the simulated device, the CUDA simulator and the replay tool.
