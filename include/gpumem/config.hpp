@@ -564,17 +564,10 @@ inline std::vector<std::string> allocator_config::notes() const {
     lines.emplace_back("expandable_segments:True has no effect: policy:" +
                        std::string(gpumem::to_string(policy)) + " was chosen explicitly");
   }
-  // PyTorch's pinned host allocator settings: nothing in gpumem reads them yet.
+  // The pinned host pool (host/pinned_pool.hpp) honours pinned_use_cuda_host_register and
+  // pinned_num_register_threads; these two have no counterpart there.
   const char* const pinned_reason =
-      " has no effect: it configures PyTorch's pinned host allocator, which gpumem does not "
-      "reproduce";
-  if (pinned_use_cuda_host_register) {
-    lines.push_back(std::string("pinned_use_cuda_host_register:True") + pinned_reason);
-  }
-  if (pinned_num_register_threads != 1) {
-    lines.push_back("pinned_num_register_threads:" + std::to_string(pinned_num_register_threads) +
-                    pinned_reason);
-  }
+      " has no effect: gpumem's pinned host pool does not implement it";
   if (pinned_use_background_threads) {
     lines.push_back(std::string("pinned_use_background_threads:True") + pinned_reason);
   }

@@ -6,6 +6,7 @@
 #include "gpumem/device/device.hpp"
 #include "gpumem/device/simulated_device.hpp"
 #include "gpumem/error.hpp"
+#include "gpumem/host/pinned_pool.hpp"
 #include "gpumem/report/memory_summary.hpp"
 #include "gpumem/report/oom_report.hpp"
 #include "gpumem/stats.hpp"

@@ -1,0 +1,666 @@
+// gpumem — the host-device concept: where page-locked (pinned) host memory comes from, and the
+// events that tell when an asynchronous copy out of it has finished.
+//
+// pinned_pool<HostDevice> (host/pinned_pool.hpp) is written against this concept only, so the
+// same pool runs on the CUDA runtime (cuda_host_device) and on simulated_host_device, which tests
+// use on machines without a GPU. No virtual functions: the host device is a template parameter.
+//
+// The concept (checked by is_host_device_v<H>):
+//
+//   struct HostDevice {
+//     using stream_type = ...;   // trivially copyable, ==, std::hash-able (cudaStream_t)
+//     using event_type = ...;    // trivially copyable (cudaEvent_t)
+//
+//     void* host_alloc(std::size_t bytes);             // cudaHostAlloc(cudaHostAllocDefault):
+//                                                      // nullptr when out of (pinned) memory;
+//                                                      // other failures throw cuda_error
+//     void host_free(void* ptr, std::size_t bytes);    // cudaFreeHost; `bytes` as allocated
+//     bool host_register(void* ptr, std::size_t bytes);  // cudaHostRegister(cudaHostRegister-
+//                                                      // Default) of ordinary memory: false when
+//                                                      // out of memory; other failures throw
+//     void host_unregister(void* ptr, std::size_t bytes);  // cudaHostUnregister; as registered
+//     stream_type default_stream() const noexcept;
+//     event_type create_event();                       // cudaEventCreateWithFlags(DisableTiming)
+//     void destroy_event(event_type);
+//     void record_event(event_type, stream_type);
+//     bool query_event(event_type);                    // true once the recorded work completed
+//     void synchronize_event(event_type);              // waits for the recorded work
+//   };
+//
+// Common rules, as for the device concept (device/device.hpp): every member may be called from
+// any thread; failures other than out-of-memory throw gpumem::cuda_error carrying the CUDA status;
+// release calls are not noexcept, so callers that must not throw (destructors) catch.
+//
+// Two models live here:
+//  * simulated_host_device — REAL host memory (users write into the buffers) with a simulated
+//    pinning limit, call counters, fault injection (gpumem::fault_injection, the simulated
+//    device's rules) and the streams and events of a gpumem::simulated_device passed by reference
+//    (so deferred reuse is tested with manual event completion);
+//  * cuda_host_device — the CUDA runtime (cudaHostAlloc/cudaFreeHost, cudaHostRegister/
+//    cudaHostUnregister, events through gpumem::cuda_device); link gpumem::cuda.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <iterator>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "gpumem/device/cuda_device.hpp"
+#include "gpumem/device/device.hpp"
+#include "gpumem/device/simulated_device.hpp"
+#include "gpumem/error.hpp"
+#include "gpumem/host/detail/page_memory.hpp"
+
+namespace gpumem {
+
+// ---------------------------------------------------------------------------------------------
+// Concept check
+// ---------------------------------------------------------------------------------------------
+
+namespace detail {
+
+template <class H, class = void>
+struct host_device_members : std::false_type {};
+
+// Each member is checked with the argument types the pool passes and the result it uses.
+template <class H>
+struct host_device_members<
+    H,
+    std::void_t<typename H::stream_type, typename H::event_type,
+                decltype(std::declval<H&>().host_alloc(std::size_t{})),
+                decltype(std::declval<H&>().host_free(std::declval<void*>(), std::size_t{})),
+                decltype(std::declval<H&>().host_register(std::declval<void*>(), std::size_t{})),
+                decltype(std::declval<H&>().host_unregister(std::declval<void*>(), std::size_t{})),
+                decltype(std::declval<const H&>().default_stream()),
+                decltype(std::declval<H&>().create_event()),
+                decltype(std::declval<H&>().destroy_event(std::declval<typename H::event_type>())),
+                decltype(std::declval<H&>().record_event(std::declval<typename H::event_type>(),
+                                                         std::declval<typename H::stream_type>())),
+                decltype(std::declval<H&>().query_event(std::declval<typename H::event_type>())),
+                decltype(std::declval<H&>().synchronize_event(
+                    std::declval<typename H::event_type>()))>> {
+  using S = typename H::stream_type;
+  using E = typename H::event_type;
+  static constexpr bool value =
+      std::is_trivially_copyable_v<S> && is_equality_comparable<S>::value &&
+      is_hashable<S>::value && std::is_trivially_copyable_v<E> &&
+      std::is_same_v<decltype(std::declval<H&>().host_alloc(std::size_t{})), void*> &&
+      std::is_same_v<
+          decltype(std::declval<H&>().host_register(std::declval<void*>(), std::size_t{})), bool> &&
+      std::is_same_v<decltype(std::declval<const H&>().default_stream()), S> &&
+      std::is_same_v<decltype(std::declval<H&>().create_event()), E> &&
+      std::is_same_v<decltype(std::declval<H&>().query_event(std::declval<E>())), bool>&& noexcept(
+          std::declval<const H&>().default_stream());
+};
+
+}  // namespace detail
+
+/// True when H models the host-device concept above (member types, members callable with the
+/// documented arguments, result types, default_stream() noexcept, stream_type trivially copyable
+/// / == / hashable, event_type trivially copyable).
+template <class H>
+inline constexpr bool is_host_device_v = detail::host_device_members<H>::value;
+
+// ---------------------------------------------------------------------------------------------
+// Call counters
+// ---------------------------------------------------------------------------------------------
+
+/// How many times each pinned-memory call was made. A plain value type (not synchronised itself;
+/// devices hand out copies taken under their lock).
+struct host_call_counters {
+  std::size_t host_alloc = 0;       ///< cudaHostAlloc
+  std::size_t host_free = 0;        ///< cudaFreeHost
+  std::size_t host_register = 0;    ///< cudaHostRegister
+  std::size_t host_unregister = 0;  ///< cudaHostUnregister
+
+  /// Sum over all kinds. Never throws.
+  std::size_t total() const noexcept {
+    return host_alloc + host_free + host_register + host_unregister;
+  }
+  friend bool operator==(const host_call_counters& a, const host_call_counters& b) noexcept {
+    return a.host_alloc == b.host_alloc && a.host_free == b.host_free &&
+           a.host_register == b.host_register && a.host_unregister == b.host_unregister;
+  }
+  friend bool operator!=(const host_call_counters& a, const host_call_counters& b) noexcept {
+    return !(a == b);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// simulated_host_device
+// ---------------------------------------------------------------------------------------------
+
+/// Everything a simulated host device is made from besides its event device.
+struct simulated_host_device_options {
+  /// Most bytes that may be pinned at once (host_alloc'ed plus registered, each counted in whole
+  /// pages of page_size); a call that would exceed it fails as out of memory. Default: no limit.
+  std::size_t capacity = std::numeric_limits<std::size_t>::max();
+  /// Pinned bytes are counted in whole pages of this size (a power of two; 1 = exact).
+  std::size_t page_size = 4096;
+  /// Faults injected into the *fallible* calls, host_alloc and host_register: an injected fault
+  /// looks like running out of pinned memory (nullptr / false). Same rules as
+  /// simulated_device's: fail the N-th fallible call, every call above a size, or at random.
+  fault_injection faults{};
+  /// Real time every accepted host_alloc/host_free/host_register/host_unregister call sleeps
+  /// (outside the device's lock), so that the pool's time statistics can be tested. 0 = none.
+  std::chrono::microseconds call_latency{0};
+};
+
+/// Pinned host memory simulated on ordinary memory, for tests. Memory is real: host_alloc returns
+/// page-aligned memory from std::aligned_alloc that callers may read and write. What is simulated
+/// is the page-locking: a capacity of pinnable bytes, the bookkeeping of cudaHostAlloc'ed and
+/// registered ranges (misuse is reported as CUDA reports it), call counters, fault injection and
+/// an optional call latency. Streams and events are those of the simulated_device given at
+/// construction (it must outlive this object), so their completion is controlled there
+/// (event_completion::manual, complete_stream, ...).
+///
+/// Errors: misuse — freeing or unregistering what was never allocated or registered here (or
+/// already released), a size other than the one given, registering a null or empty range or one
+/// that overlaps a registered or host_alloc'ed range — throws cuda_error whose code() is the CUDA
+/// status (error_invalid_value, error_host_memory_already_registered,
+/// error_host_memory_not_registered) and leaves the device, its counters included, unchanged.
+/// Running out of pinnable memory is not misuse: host_alloc returns nullptr, host_register false,
+/// and the call is counted.
+///
+/// Thread safety: every member function may be called from any thread; one mutex serialises them
+/// (the event device has its own). Not copyable or movable.
+class simulated_host_device {
+ public:
+  using options = simulated_host_device_options;
+  using stream_type = simulated_device::stream_type;
+  using event_type = simulated_device::event_type;
+
+  static constexpr int error_invalid_value = 1;                     ///< cudaErrorInvalidValue
+  static constexpr int error_out_of_memory = 2;                     ///< cudaErrorMemoryAllocation
+  static constexpr int error_host_memory_already_registered = 712;  ///< cudaErrorHostMemory...
+  static constexpr int error_host_memory_not_registered = 713;      ///< cudaErrorHostMemory...
+  /// Alignment of host_alloc's memory (cudaHostAlloc returns page-aligned memory).
+  static constexpr std::size_t allocation_alignment = 4096;
+
+  /// A host device whose events and streams are those of `events`. Throws std::invalid_argument
+  /// for a page_size that is not a power of two, a fault probability outside [0, 1] or a
+  /// negative latency.
+  explicit simulated_host_device(simulated_device& events, const options& opts = options{})
+      : events_(events), options_(opts), faults_(opts.faults), rng_state_(opts.faults.seed) {
+    const std::size_t p = options_.page_size;
+    if (p == 0 || (p & (p - 1)) != 0) {
+      throw std::invalid_argument(
+          fmt::format("simulated_host_device: page_size {} is not a power of two", p));
+    }
+    validate_faults(faults_);
+    if (options_.call_latency.count() < 0) {
+      throw std::invalid_argument("simulated_host_device: call_latency must be >= 0");
+    }
+  }
+
+  simulated_host_device(const simulated_host_device&) = delete;
+  simulated_host_device& operator=(const simulated_host_device&) = delete;
+
+  /// Frees the memory of host_alloc'ed ranges still live (registrations are simply forgotten:
+  /// that memory belongs to whoever allocated it). Check pinned_bytes() first to find leaks.
+  /// Never throws.
+  ~simulated_host_device() {
+    for (const auto& [address, r] : ranges_) {
+      if (!r.registered) detail::page_aligned_free(reinterpret_cast<void*>(address));
+    }
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // The host-device concept
+  // -------------------------------------------------------------------------------------------
+
+  /// cudaHostAlloc: `bytes` of page-aligned, writable memory, pinning `bytes` rounded up to
+  /// page_size. A fallible call. Returns nullptr when the capacity would be exceeded, when a
+  /// fault is injected, or when the system has no memory for it; returns nullptr without pinning
+  /// anything for 0 bytes (not a fallible call). Thread-safe; throws std::bad_alloc only.
+  void* host_alloc(std::size_t bytes) {
+    sleep_latency();
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++counters_.host_alloc;
+    if (bytes == 0) return nullptr;
+    if (inject_fault_locked(bytes)) return nullptr;
+    std::size_t pinned = 0;
+    std::size_t real = 0;
+    if (!detail::round_up_pow2_multiple(bytes, options_.page_size, pinned) ||
+        pinned > options_.capacity - pinned_ ||
+        !detail::round_up_pow2_multiple(bytes, allocation_alignment, real)) {
+      ++out_of_memory_failures_;
+      return nullptr;
+    }
+    void* ptr = detail::page_aligned_alloc(real, allocation_alignment);
+    if (ptr == nullptr) {
+      ++out_of_memory_failures_;
+      return nullptr;
+    }
+    try {
+      ranges_.emplace(reinterpret_cast<std::uintptr_t>(ptr), range{bytes, pinned, false});
+    } catch (...) {
+      detail::page_aligned_free(ptr);
+      throw;
+    }
+    add_pinned_locked(pinned);
+    return ptr;
+  }
+
+  /// cudaFreeHost of memory from host_alloc(bytes). Thread-safe. Throws cuda_error
+  /// (error_invalid_value), device unchanged, for a null pointer, a pointer that is not a live
+  /// host_alloc (never allocated here, already freed, inside an allocation, or a registered
+  /// range), or a size other than the one allocated.
+  void host_free(void* ptr, std::size_t bytes) {
+    sleep_latency();
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto call = [&] { return fmt::format("cudaFreeHost({}) of {} bytes", ptr, bytes); };
+    auto it = find_range_locked(ptr, false, error_invalid_value, call);
+    if (it->second.bytes != bytes) {
+      fail(error_invalid_value,
+           fmt::format("{}: it was allocated with {} bytes", call(), it->second.bytes));
+    }
+    pinned_ -= it->second.pinned;
+    detail::page_aligned_free(ptr);
+    ranges_.erase(it);
+    ++counters_.host_free;
+  }
+
+  /// cudaHostRegister of [ptr, ptr + bytes), ordinary memory the caller owns: pins the pages the
+  /// range covers (counted in page_size pages). A fallible call. Returns false when the capacity
+  /// would be exceeded or a fault is injected. Thread-safe. Throws cuda_error, device unchanged:
+  /// error_invalid_value for a null pointer, 0 bytes or a range that wraps around;
+  /// error_host_memory_already_registered when the range overlaps one registered or
+  /// host_alloc'ed here.
+  bool host_register(void* ptr, std::size_t bytes) {
+    sleep_latency();
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto call = [&] { return fmt::format("cudaHostRegister({}, {})", ptr, bytes); };
+    const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+    if (ptr == nullptr || bytes == 0 || bytes > UINTPTR_MAX - address) {
+      fail(error_invalid_value, fmt::format("{}: null pointer, empty or wrapping range", call()));
+    }
+    if (const auto* other = overlapping_locked(address, bytes)) {
+      fail(error_host_memory_already_registered,
+           fmt::format("{}: overlaps the {} range at {:#x} of {} bytes", call(),
+                       other->second.registered ? "registered" : "cudaHostAlloc'ed", other->first,
+                       other->second.bytes));
+    }
+    ++counters_.host_register;
+    if (inject_fault_locked(bytes)) return false;
+    const std::size_t page = options_.page_size;
+    const std::uintptr_t first = address & ~(static_cast<std::uintptr_t>(page) - 1);
+    std::size_t last = 0;
+    const std::size_t pinned =
+        detail::round_up_pow2_multiple(address + bytes - first, page, last) ? last : SIZE_MAX;
+    if (pinned > options_.capacity - pinned_) {
+      ++out_of_memory_failures_;
+      return false;
+    }
+    ranges_.emplace(address, range{bytes, pinned, true});
+    add_pinned_locked(pinned);
+    return true;
+  }
+
+  /// cudaHostUnregister of a range registered with host_register(ptr, bytes). Thread-safe.
+  /// Throws cuda_error (error_host_memory_not_registered), device unchanged, when no registered
+  /// range starts at `ptr`; (error_invalid_value) for a size other than the one registered.
+  void host_unregister(void* ptr, std::size_t bytes) {
+    sleep_latency();
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto call = [&] { return fmt::format("cudaHostUnregister({}) of {} bytes", ptr, bytes); };
+    auto it = find_range_locked(ptr, true, error_host_memory_not_registered, call);
+    if (it->second.bytes != bytes) {
+      fail(error_invalid_value,
+           fmt::format("{}: it was registered with {} bytes", call(), it->second.bytes));
+    }
+    pinned_ -= it->second.pinned;
+    ranges_.erase(it);
+    ++counters_.host_unregister;
+  }
+
+  /// The event device's default stream. Thread-safe; never throws.
+  stream_type default_stream() const noexcept { return events_.default_stream(); }
+  /// The event device's create_event (see simulated_device). Thread-safe.
+  event_type create_event() { return events_.create_event(); }
+  /// The event device's destroy_event. Thread-safe; throws as simulated_device does.
+  void destroy_event(event_type event) { events_.destroy_event(event); }
+  /// The event device's record_event. Thread-safe; throws as simulated_device does.
+  void record_event(event_type event, stream_type stream) { events_.record_event(event, stream); }
+  /// The event device's query_event. Thread-safe; throws as simulated_device does.
+  bool query_event(event_type event) { return events_.query_event(event); }
+  /// The event device's synchronize_event. Thread-safe; throws as simulated_device does.
+  void synchronize_event(event_type event) { events_.synchronize_event(event); }
+
+  // -------------------------------------------------------------------------------------------
+  // Inspection and control (not part of the concept)
+  // -------------------------------------------------------------------------------------------
+
+  /// The simulated device that provides streams and events. Thread-safe; never throws.
+  simulated_device& event_device() const noexcept { return events_; }
+
+  /// Bytes pinned now (host_alloc'ed plus registered, in whole pages). 0 when everything was
+  /// released (the tests' leak check). Thread-safe; never throws.
+  std::size_t pinned_bytes() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return pinned_;
+  }
+
+  /// Highest pinned_bytes() since construction or reset_peak_pinned_bytes(). Thread-safe; never
+  /// throws.
+  std::size_t peak_pinned_bytes() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return peak_;
+  }
+
+  /// Sets the peak to the current pinned_bytes(). Thread-safe; never throws.
+  void reset_peak_pinned_bytes() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    peak_ = pinned_;
+  }
+
+  /// Number of live host_alloc ranges. Thread-safe; never throws.
+  std::size_t live_host_allocations() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return static_cast<std::size_t>(std::count_if(
+        ranges_.begin(), ranges_.end(), [](const auto& r) { return !r.second.registered; }));
+  }
+
+  /// Number of live registrations. Thread-safe; never throws.
+  std::size_t live_registrations() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return static_cast<std::size_t>(std::count_if(
+        ranges_.begin(), ranges_.end(), [](const auto& r) { return r.second.registered; }));
+  }
+
+  /// True when `ptr` lies in a live host_alloc'ed or registered range. Thread-safe; never throws.
+  bool is_pinned(const void* ptr) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+    auto next = ranges_.upper_bound(address);
+    if (next == ranges_.begin()) return false;
+    const auto r = std::prev(next);
+    return address - r->first < r->second.bytes;
+  }
+
+  /// Calls accepted since construction or reset_counters(): successful, out of memory or failed
+  /// by injection; calls rejected as misuse are not counted. Thread-safe; never throws.
+  host_call_counters counters() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return counters_;
+  }
+
+  /// Zeroes the call counters and the injected-fault and out-of-memory counts. Thread-safe; never
+  /// throws.
+  void reset_counters() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    counters_ = host_call_counters{};
+    injected_faults_ = 0;
+    out_of_memory_failures_ = 0;
+  }
+
+  /// The capacity in bytes. Thread-safe; never throws.
+  std::size_t capacity() const noexcept { return options_.capacity; }
+
+  /// The fault injection in force. Thread-safe; never throws.
+  fault_injection faults() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return faults_;
+  }
+
+  /// Replaces the fault injection, restarts the count of fallible calls (fail_nth_call counts
+  /// from here) and reseeds the generator. Thread-safe. Throws std::invalid_argument for a
+  /// probability outside [0, 1] (faults unchanged).
+  void set_faults(const fault_injection& faults) {
+    validate_faults(faults);
+    std::lock_guard<std::mutex> lock(mutex_);
+    faults_ = faults;
+    fallible_calls_ = 0;
+    rng_state_ = faults.seed;
+  }
+
+  /// Fallible calls (host_alloc of > 0 bytes, host_register) accepted since construction or the
+  /// last set_faults(). Thread-safe; never throws.
+  std::size_t fallible_calls() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return fallible_calls_;
+  }
+
+  /// Calls failed by fault injection since construction or reset_counters(). Thread-safe; never
+  /// throws.
+  std::size_t injected_faults() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return injected_faults_;
+  }
+
+  /// Calls that failed because the capacity (or the system's memory) was exhausted, injected
+  /// faults excluded, since construction or reset_counters(). Thread-safe; never throws.
+  std::size_t out_of_memory_failures() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return out_of_memory_failures_;
+  }
+
+  /// The options the device was built with. Thread-safe; never throws.
+  const options& config() const noexcept { return options_; }
+
+ private:
+  struct range {
+    std::size_t bytes;   // as given to host_alloc / host_register
+    std::size_t pinned;  // capacity consumed
+    bool registered;     // host_register (true) or host_alloc (false)
+  };
+  using range_map = std::map<std::uintptr_t, range>;
+
+  static void validate_faults(const fault_injection& f) {
+    if (!(f.fail_probability >= 0.0 && f.fail_probability <= 1.0)) {
+      throw std::invalid_argument(fmt::format(
+          "simulated_host_device: fail_probability {} is outside [0, 1]", f.fail_probability));
+    }
+  }
+
+  [[noreturn]] static void fail(int code, const std::string& what) {
+    throw cuda_error(code, "gpumem simulated host device: " + what);
+  }
+
+  void sleep_latency() const {
+    if (options_.call_latency.count() > 0) std::this_thread::sleep_for(options_.call_latency);
+  }
+
+  template <class Call>
+  range_map::iterator find_range_locked(void* ptr, bool registered, int code, const Call& call) {
+    const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+    auto it = ranges_.find(address);
+    if (it != ranges_.end() && it->second.registered == registered) return it;
+    const char* wanted = registered ? "registered range" : "cudaHostAlloc'ed range";
+    if (it != ranges_.end()) {
+      fail(code, fmt::format("{}: {:#x} is a {}, not a {}", call(), address,
+                             it->second.registered ? "registered range" : "cudaHostAlloc'ed range",
+                             wanted));
+    }
+    if (ptr != nullptr) {
+      auto next = ranges_.upper_bound(address);
+      if (next != ranges_.begin()) {
+        const auto prev = std::prev(next);
+        if (address - prev->first < prev->second.bytes) {
+          fail(code, fmt::format("{}: pointer is {} bytes inside the range at {:#x} of {} bytes; "
+                                 "pass the range's start",
+                                 call(), address - prev->first, prev->first, prev->second.bytes));
+        }
+      }
+    }
+    fail(code, fmt::format("{}: not a live {} of this device (never made here, or already "
+                           "released)",
+                           call(), wanted));
+  }
+
+  const range_map::value_type* overlapping_locked(std::uintptr_t address, std::size_t bytes) const {
+    auto next = ranges_.lower_bound(address);
+    if (next != ranges_.end() && next->first < address + bytes) return &*next;
+    if (next != ranges_.begin()) {
+      const auto prev = std::prev(next);
+      if (address - prev->first < prev->second.bytes) return &*prev;
+    }
+    return nullptr;
+  }
+
+  void add_pinned_locked(std::size_t bytes) noexcept {
+    pinned_ += bytes;
+    peak_ = std::max(peak_, pinned_);
+  }
+
+  // splitmix64, as simulated_device draws: the same failures for the same seed and sequence.
+  double next_random_locked() noexcept {
+    std::uint64_t z = (rng_state_ += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    z ^= z >> 31;
+    return static_cast<double>(z >> 11) * (1.0 / 9007199254740992.0);  // [0, 1)
+  }
+
+  bool inject_fault_locked(std::size_t bytes) noexcept {
+    ++fallible_calls_;
+    bool fault = false;
+    if (faults_.fail_probability > 0.0) fault = next_random_locked() < faults_.fail_probability;
+    if (faults_.fail_nth_call != 0 && fallible_calls_ == faults_.fail_nth_call) fault = true;
+    if (faults_.fail_above_bytes != 0 && bytes > faults_.fail_above_bytes) fault = true;
+    if (fault) ++injected_faults_;
+    return fault;
+  }
+
+  simulated_device& events_;
+  const options options_;
+  mutable std::mutex mutex_;
+  fault_injection faults_;
+  range_map ranges_;
+  std::size_t pinned_ = 0;
+  std::size_t peak_ = 0;
+  host_call_counters counters_;
+  std::size_t fallible_calls_ = 0;
+  std::size_t injected_faults_ = 0;
+  std::size_t out_of_memory_failures_ = 0;
+  std::uint64_t rng_state_ = 0;
+};
+
+static_assert(is_host_device_v<simulated_host_device>,
+              "simulated_host_device must model the host-device concept");
+
+// ---------------------------------------------------------------------------------------------
+// cuda_host_device
+// ---------------------------------------------------------------------------------------------
+
+/// Pinned host memory from the CUDA runtime. Each call makes `device` current for its duration
+/// (pinned memory is usable from every GPU under unified addressing; the device decides which
+/// context the runtime initialises). Events and streams are those of gpumem::cuda_device.
+/// Out of memory is not an error: host_alloc returns nullptr and host_register false, with CUDA's
+/// last-error state cleared. Every other failure throws cuda_error naming the call, its
+/// arguments, the CUDA error and the device. Nothing runs at construction, so a cuda_host_device
+/// can be built on a machine without a GPU; its calls then throw cuda_error.
+///
+/// A small value type (just the ordinal); thread safety: every member may be called concurrently
+/// (the CUDA runtime is thread-safe). Link gpumem::cuda.
+class cuda_host_device {
+ public:
+  using stream_type = cuda_device::stream_type;
+  using event_type = cuda_device::event_type;
+
+  /// Pinned memory allocated with GPU `device` current. Makes no CUDA call. Never throws.
+  explicit cuda_host_device(int device = 0) noexcept : gpu_(device) {}
+
+  /// Number of CUDA devices, 0 when there is no GPU or no usable driver. Thread-safe; never
+  /// throws.
+  static int device_count() noexcept { return cuda_device::device_count(); }
+
+  /// The device ordinal. Thread-safe; never throws.
+  int index() const noexcept { return gpu_.index(); }
+
+  /// cudaHostAlloc(&ptr, bytes, cudaHostAllocDefault). nullptr for cudaErrorMemoryAllocation
+  /// (cleared) and for 0 bytes. Thread-safe. Throws cuda_error for any other failure.
+  void* host_alloc(std::size_t bytes) {
+    if (bytes == 0) return nullptr;
+    detail::cuda_device_guard guard(gpu_.index());
+    void* ptr = nullptr;
+    const cudaError_t status = cudaHostAlloc(&ptr, bytes, cudaHostAllocDefault);
+    if (status == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    if (status != cudaSuccess) {
+      detail::throw_cuda_error(status,
+                               fmt::format("cudaHostAlloc(&ptr, {}, cudaHostAllocDefault)", bytes),
+                               gpu_.index());
+    }
+    return ptr;
+  }
+
+  /// cudaFreeHost(ptr); `bytes` is unused by CUDA. Thread-safe. Throws cuda_error.
+  void host_free(void* ptr, std::size_t bytes) {
+    detail::cuda_device_guard guard(gpu_.index());
+    const cudaError_t status = cudaFreeHost(ptr);
+    if (status != cudaSuccess) {
+      detail::throw_cuda_error(status, fmt::format("cudaFreeHost({}) of {} bytes", ptr, bytes),
+                               gpu_.index());
+    }
+  }
+
+  /// cudaHostRegister(ptr, bytes, cudaHostRegisterDefault). false for cudaErrorMemoryAllocation
+  /// (cleared). Thread-safe. Throws cuda_error for any other failure (for example
+  /// cudaErrorHostMemoryAlreadyRegistered).
+  bool host_register(void* ptr, std::size_t bytes) {
+    detail::cuda_device_guard guard(gpu_.index());
+    const cudaError_t status = cudaHostRegister(ptr, bytes, cudaHostRegisterDefault);
+    if (status == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    if (status != cudaSuccess) {
+      detail::throw_cuda_error(
+          status, fmt::format("cudaHostRegister({}, {}, cudaHostRegisterDefault)", ptr, bytes),
+          gpu_.index());
+    }
+    return true;
+  }
+
+  /// cudaHostUnregister(ptr); `bytes` is unused by CUDA. Thread-safe. Throws cuda_error.
+  void host_unregister(void* ptr, std::size_t bytes) {
+    detail::cuda_device_guard guard(gpu_.index());
+    const cudaError_t status = cudaHostUnregister(ptr);
+    if (status != cudaSuccess) {
+      detail::throw_cuda_error(
+          status, fmt::format("cudaHostUnregister({}) of {} bytes", ptr, bytes), gpu_.index());
+    }
+  }
+
+  /// The legacy default stream (nullptr). Thread-safe; never throws.
+  stream_type default_stream() const noexcept { return gpu_.default_stream(); }
+  /// cuda_device::create_event. Thread-safe. Throws cuda_error.
+  event_type create_event() { return gpu_.create_event(); }
+  /// cuda_device::destroy_event. Thread-safe. Throws cuda_error.
+  void destroy_event(event_type event) { gpu_.destroy_event(event); }
+  /// cuda_device::record_event. Thread-safe. Throws cuda_error.
+  void record_event(event_type event, stream_type stream) { gpu_.record_event(event, stream); }
+  /// cuda_device::query_event. Thread-safe. Throws cuda_error.
+  bool query_event(event_type event) { return gpu_.query_event(event); }
+  /// cuda_device::synchronize_event. Thread-safe. Throws cuda_error.
+  void synchronize_event(event_type event) { gpu_.synchronize_event(event); }
+
+  /// The cuda_device behind the events (streams: create_stream / destroy_stream there).
+  /// Thread-safe; never throws.
+  cuda_device& gpu() noexcept { return gpu_; }
+
+ private:
+  cuda_device gpu_;
+};
+
+static_assert(is_host_device_v<cuda_host_device>,
+              "cuda_host_device must model the host-device concept");
+
+}  // namespace gpumem
