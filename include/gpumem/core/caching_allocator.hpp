@@ -579,7 +579,7 @@ class caching_allocator {
     const bool already_split = b->is_split();
     // VMM segments split any remainder of at least 512 B (PyTorch's rule for expandable segments)
     // and are left out of inactive_split, as in PyTorch.
-    const bool vmm = b->seg->page_size != 0;
+    const bool vmm = vmm_policy();  // every segment of a VMM policy is a VMM segment
     if (vmm ? b->size - rounded >= detail::k_min_block_size
             : detail::should_split(b->size, rounded, p.is_small, config_.max_split_size)) {
       block_type* remaining = b;
@@ -647,7 +647,7 @@ class caching_allocator {
       }
     }
     index_insert(p, b);
-    if (b->seg->page_size != 0) {
+    if (vmm_policy()) {
       net_inactive_blocks = net_inactive_bytes = 0;  // VMM blocks are not inactive_split
     } else if (b->is_split()) {
       net_inactive_blocks += 1;
