@@ -78,6 +78,62 @@ struct fault_injection {
   }
 };
 
+namespace detail {
+
+/// The fault-injection rules in action, shared by the simulated device and the simulated host
+/// device: counts fallible calls and decides which fail. Not thread-safe: its owner's lock guards
+/// it.
+class fault_injector {
+ public:
+  /// Throws std::invalid_argument (naming `who`) for a probability outside [0, 1].
+  fault_injector(const fault_injection& rules, const char* who) { set(rules, who); }
+
+  /// Replaces the rules, restarts the count of fallible calls and reseeds the generator. Throws
+  /// std::invalid_argument for a probability outside [0, 1] (rules unchanged).
+  void set(const fault_injection& rules, const char* who) {
+    if (!(rules.fail_probability >= 0.0 && rules.fail_probability <= 1.0)) {
+      throw std::invalid_argument(
+          fmt::format("{}: fail_probability {} is outside [0, 1]", who, rules.fail_probability));
+    }
+    rules_ = rules;
+    fallible_calls_ = 0;
+    rng_state_ = rules.seed;
+  }
+
+  /// Counts one fallible call of `bytes` and decides whether it fails.
+  bool should_fail(std::size_t bytes) noexcept {
+    ++fallible_calls_;
+    bool fault = false;
+    if (rules_.fail_probability > 0.0) fault = next_random() < rules_.fail_probability;
+    if (rules_.fail_nth_call != 0 && fallible_calls_ == rules_.fail_nth_call) fault = true;
+    if (rules_.fail_above_bytes != 0 && bytes > rules_.fail_above_bytes) fault = true;
+    if (fault) ++injected_;
+    return fault;
+  }
+
+  const fault_injection& rules() const noexcept { return rules_; }
+  std::size_t fallible_calls() const noexcept { return fallible_calls_; }
+  std::size_t injected() const noexcept { return injected_; }
+  void reset_injected() noexcept { injected_ = 0; }
+
+ private:
+  // splitmix64: one draw per fallible call, the same sequence on every platform for a seed.
+  double next_random() noexcept {
+    std::uint64_t z = (rng_state_ += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    z ^= z >> 31;
+    return static_cast<double>(z >> 11) * (1.0 / 9007199254740992.0);  // [0, 1)
+  }
+
+  fault_injection rules_;
+  std::size_t fallible_calls_ = 0;
+  std::size_t injected_ = 0;
+  std::uint64_t rng_state_ = 0;
+};
+
+}  // namespace detail
+
 /// Everything a simulated device is made from.
 struct simulated_device_options {
   std::size_t capacity = 0;  ///< device memory in bytes (gpumem::parse_size("80GiB"))
@@ -159,7 +215,7 @@ class simulated_device {
   /// a power of two, a negative or non-finite delay or cost, a fault probability outside [0, 1];
   /// std::system_error when the address range cannot be reserved; std::bad_alloc.
   explicit simulated_device(const options& opts)
-      : options_(opts), costs_(opts.costs), faults_(opts.faults) {
+      : options_(opts), costs_(opts.costs), faults_(opts.faults, "simulated_device") {
     const std::size_t g = options_.vmm_granularity;
     if (g == 0 || (g & (g - 1)) != 0) {
       throw std::invalid_argument(
@@ -171,8 +227,6 @@ class simulated_device {
                       options_.event_delay_seconds));
     }
     validate_costs(costs_);
-    validate_faults(faults_);
-    rng_state_ = faults_.seed;
     reserve_arena();
     streams_.emplace(0, stream_state{});  // the default stream lives as long as the device
   }
@@ -219,7 +273,7 @@ class simulated_device {
       charge_locked(call_kind::malloc);
       return nullptr;
     }
-    if (inject_fault_locked(bytes)) {
+    if (faults_.should_fail(bytes)) {
       charge_locked(call_kind::malloc);
       return nullptr;
     }
@@ -446,7 +500,7 @@ class simulated_device {
     if (alignment != 0 && (alignment & (alignment - 1)) != 0) {
       fail(error_invalid_value, fmt::format("{}: alignment is not a power of two", call()));
     }
-    if (inject_fault_locked(size)) {
+    if (faults_.should_fail(size)) {
       charge_locked(call_kind::address_reserve);
       fail(error_out_of_memory, fmt::format("{}: injected fault", call()));
     }
@@ -501,7 +555,7 @@ class simulated_device {
   physical_handle create_physical(std::size_t size) {
     std::lock_guard<std::mutex> lock(mutex_);
     check_granular_locked(size, "size", [&] { return fmt::format("cuMemCreate(size={})", size); });
-    if (inject_fault_locked(size)) {
+    if (faults_.should_fail(size)) {
       charge_locked(call_kind::mem_create);
       return invalid_physical_handle;
     }
@@ -566,7 +620,7 @@ class simulated_device {
                                               call(), va, prev->first));
       }
     }
-    if (inject_fault_locked(size)) {
+    if (faults_.should_fail(size)) {
       charge_locked(call_kind::mem_map);
       fail(error_out_of_memory, fmt::format("{}: injected fault", call()));
     }
@@ -638,7 +692,7 @@ class simulated_device {
   void reset_counters() {
     std::lock_guard<std::mutex> lock(mutex_);
     counters_ = call_counters{};
-    injected_faults_ = 0;
+    faults_.reset_injected();
     out_of_memory_failures_ = 0;
   }
 
@@ -734,32 +788,29 @@ class simulated_device {
   /// The fault injection in force. Thread-safe; never throws.
   fault_injection faults() const {
     std::lock_guard<std::mutex> lock(mutex_);
-    return faults_;
+    return faults_.rules();
   }
 
   /// Replaces the fault injection, restarts the count of fallible calls (fail_nth_call counts from
   /// here) and reseeds the generator. Thread-safe. Throws std::invalid_argument for a probability
   /// outside [0, 1] (faults unchanged).
   void set_faults(const fault_injection& faults) {
-    validate_faults(faults);
     std::lock_guard<std::mutex> lock(mutex_);
-    faults_ = faults;
-    fallible_calls_ = 0;
-    rng_state_ = faults.seed;
+    faults_.set(faults, "simulated_device");
   }
 
   /// Fallible calls (allocate, create_physical, reserve_address, map) accepted since construction
   /// or the last set_faults(). Thread-safe; never throws.
   std::size_t fallible_calls() const {
     std::lock_guard<std::mutex> lock(mutex_);
-    return fallible_calls_;
+    return faults_.fallible_calls();
   }
 
   /// Calls failed by fault injection since construction or reset_counters(). Thread-safe; never
   /// throws.
   std::size_t injected_faults() const {
     std::lock_guard<std::mutex> lock(mutex_);
-    return injected_faults_;
+    return faults_.injected();
   }
 
   /// Calls that failed because the capacity (or the fake address space) was exhausted, injected
@@ -825,13 +876,6 @@ class simulated_device {
         throw std::invalid_argument(
             fmt::format("simulated_device: cost of {} must be finite and >= 0", call_kind_name(k)));
       }
-    }
-  }
-
-  static void validate_faults(const fault_injection& f) {
-    if (!(f.fail_probability >= 0.0 && f.fail_probability <= 1.0)) {
-      throw std::invalid_argument(fmt::format(
-          "simulated_device: fail_probability {} is outside [0, 1]", f.fail_probability));
     }
   }
 
@@ -903,26 +947,6 @@ class simulated_device {
   void add_in_use_locked(std::size_t bytes) noexcept {
     in_use_ += bytes;
     peak_ = std::max(peak_, in_use_);
-  }
-
-  // splitmix64: the same sequence on every platform for a seed (std distributions are not).
-  double next_random_locked() noexcept {
-    std::uint64_t z = (rng_state_ += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    z ^= z >> 31;
-    return static_cast<double>(z >> 11) * (1.0 / 9007199254740992.0);  // [0, 1)
-  }
-
-  // Counts one fallible call and decides whether it fails.
-  bool inject_fault_locked(std::size_t bytes) noexcept {
-    ++fallible_calls_;
-    bool fault = false;
-    if (faults_.fail_probability > 0.0) fault = next_random_locked() < faults_.fail_probability;
-    if (faults_.fail_nth_call != 0 && fallible_calls_ == faults_.fail_nth_call) fault = true;
-    if (faults_.fail_above_bytes != 0 && bytes > faults_.fail_above_bytes) fault = true;
-    if (fault) ++injected_faults_;
-    return fault;
   }
 
   template <class Call>
@@ -1065,7 +1089,7 @@ class simulated_device {
   mutable std::mutex mutex_;
   const options options_;
   cost_model costs_;
-  fault_injection faults_;
+  detail::fault_injector faults_;
 
   void* arena_ = nullptr;
   std::size_t arena_size_ = 0;
@@ -1086,10 +1110,7 @@ class simulated_device {
   std::size_t in_use_ = 0;
   std::size_t peak_ = 0;
   call_counters counters_;
-  std::size_t fallible_calls_ = 0;
-  std::size_t injected_faults_ = 0;
   std::size_t out_of_memory_failures_ = 0;
-  std::uint64_t rng_state_ = 0;
   double now_ = 0;
   double latest_ready_ = 0;
   double driver_seconds_ = 0;

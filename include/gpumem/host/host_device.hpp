@@ -195,13 +195,12 @@ class simulated_host_device {
   /// for a page_size that is not a power of two, a fault probability outside [0, 1] or a
   /// negative latency.
   explicit simulated_host_device(simulated_device& events, const options& opts = options{})
-      : events_(events), options_(opts), faults_(opts.faults), rng_state_(opts.faults.seed) {
+      : events_(events), options_(opts), faults_(opts.faults, "simulated_host_device") {
     const std::size_t p = options_.page_size;
     if (p == 0 || (p & (p - 1)) != 0) {
       throw std::invalid_argument(
           fmt::format("simulated_host_device: page_size {} is not a power of two", p));
     }
-    validate_faults(faults_);
     if (options_.call_latency.count() < 0) {
       throw std::invalid_argument("simulated_host_device: call_latency must be >= 0");
     }
@@ -232,7 +231,7 @@ class simulated_host_device {
     std::lock_guard<std::mutex> lock(mutex_);
     ++counters_.host_alloc;
     if (bytes == 0) return nullptr;
-    if (inject_fault_locked(bytes)) return nullptr;
+    if (faults_.should_fail(bytes)) return nullptr;
     std::size_t pinned = 0;
     std::size_t real = 0;
     if (!detail::round_up_pow2_multiple(bytes, options_.page_size, pinned) ||
@@ -296,7 +295,7 @@ class simulated_host_device {
                        other->second.bytes));
     }
     ++counters_.host_register;
-    if (inject_fault_locked(bytes)) return false;
+    if (faults_.should_fail(bytes)) return false;
     const std::size_t page = options_.page_size;
     const std::uintptr_t first = address & ~(static_cast<std::uintptr_t>(page) - 1);
     std::size_t last = 0;
@@ -404,7 +403,7 @@ class simulated_host_device {
   void reset_counters() {
     std::lock_guard<std::mutex> lock(mutex_);
     counters_ = host_call_counters{};
-    injected_faults_ = 0;
+    faults_.reset_injected();
     out_of_memory_failures_ = 0;
   }
 
@@ -414,32 +413,29 @@ class simulated_host_device {
   /// The fault injection in force. Thread-safe; never throws.
   fault_injection faults() const {
     std::lock_guard<std::mutex> lock(mutex_);
-    return faults_;
+    return faults_.rules();
   }
 
   /// Replaces the fault injection, restarts the count of fallible calls (fail_nth_call counts
   /// from here) and reseeds the generator. Thread-safe. Throws std::invalid_argument for a
   /// probability outside [0, 1] (faults unchanged).
   void set_faults(const fault_injection& faults) {
-    validate_faults(faults);
     std::lock_guard<std::mutex> lock(mutex_);
-    faults_ = faults;
-    fallible_calls_ = 0;
-    rng_state_ = faults.seed;
+    faults_.set(faults, "simulated_host_device");
   }
 
   /// Fallible calls (host_alloc of > 0 bytes, host_register) accepted since construction or the
   /// last set_faults(). Thread-safe; never throws.
   std::size_t fallible_calls() const {
     std::lock_guard<std::mutex> lock(mutex_);
-    return fallible_calls_;
+    return faults_.fallible_calls();
   }
 
   /// Calls failed by fault injection since construction or reset_counters(). Thread-safe; never
   /// throws.
   std::size_t injected_faults() const {
     std::lock_guard<std::mutex> lock(mutex_);
-    return injected_faults_;
+    return faults_.injected();
   }
 
   /// Calls that failed because the capacity (or the system's memory) was exhausted, injected
@@ -459,13 +455,6 @@ class simulated_host_device {
     bool registered;     // host_register (true) or host_alloc (false)
   };
   using range_map = std::map<std::uintptr_t, range>;
-
-  static void validate_faults(const fault_injection& f) {
-    if (!(f.fail_probability >= 0.0 && f.fail_probability <= 1.0)) {
-      throw std::invalid_argument(fmt::format(
-          "simulated_host_device: fail_probability {} is outside [0, 1]", f.fail_probability));
-    }
-  }
 
   [[noreturn]] static void fail(int code, const std::string& what) {
     throw cuda_error(code, "gpumem simulated host device: " + what);
@@ -517,37 +506,15 @@ class simulated_host_device {
     peak_ = std::max(peak_, pinned_);
   }
 
-  // splitmix64, as simulated_device draws: the same failures for the same seed and sequence.
-  double next_random_locked() noexcept {
-    std::uint64_t z = (rng_state_ += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    z ^= z >> 31;
-    return static_cast<double>(z >> 11) * (1.0 / 9007199254740992.0);  // [0, 1)
-  }
-
-  bool inject_fault_locked(std::size_t bytes) noexcept {
-    ++fallible_calls_;
-    bool fault = false;
-    if (faults_.fail_probability > 0.0) fault = next_random_locked() < faults_.fail_probability;
-    if (faults_.fail_nth_call != 0 && fallible_calls_ == faults_.fail_nth_call) fault = true;
-    if (faults_.fail_above_bytes != 0 && bytes > faults_.fail_above_bytes) fault = true;
-    if (fault) ++injected_faults_;
-    return fault;
-  }
-
   simulated_device& events_;
   const options options_;
   mutable std::mutex mutex_;
-  fault_injection faults_;
+  detail::fault_injector faults_;
   range_map ranges_;
   std::size_t pinned_ = 0;
   std::size_t peak_ = 0;
   host_call_counters counters_;
-  std::size_t fallible_calls_ = 0;
-  std::size_t injected_faults_ = 0;
   std::size_t out_of_memory_failures_ = 0;
-  std::uint64_t rng_state_ = 0;
 };
 
 static_assert(is_host_device_v<simulated_host_device>,
