@@ -23,7 +23,9 @@ void expect(std::int64_t got, std::int64_t want, const char* what) {
   }
 }
 
-std::int64_t i64(std::size_t v) { return static_cast<std::int64_t>(v); }
+std::int64_t i64(std::size_t v) {
+  return static_cast<std::int64_t>(v);
+}
 
 }  // namespace
 
