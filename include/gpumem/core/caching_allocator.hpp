@@ -457,13 +457,7 @@ class caching_allocator {
     s->ptr = reinterpret_cast<std::uintptr_t>(ptr);
     s->size = seg_size;
     s->owner = &p;
-    s->prev = segments_tail_;
-    if (segments_tail_ != nullptr) {
-      segments_tail_->next = s;
-    } else {
-      segments_ = s;
-    }
-    segments_tail_ = s;
+    link_segment(s);
 
     block_type* b = block_pool_.create(s->ptr, seg_size, &p, s);
     s->head = b;
@@ -568,8 +562,7 @@ class caching_allocator {
     if (s->size >= config_.max_split_size) stats_.oversize_segments.decrease(1);
     p.index.erase(b);
     block_pool_.destroy(b);
-    (s->prev != nullptr ? s->prev->next : segments_) = s->next;
-    (s->next != nullptr ? s->next->prev : segments_tail_) = s->prev;
+    unlink_segment(s);
     segment_pool_.destroy(s);
   }
 
