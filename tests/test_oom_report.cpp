@@ -82,6 +82,22 @@ TEST(OomReport, FractionLimitIsNamed) {
   a.deallocate(p);
 }
 
+TEST(OomReport, CacheAndDeviceTogetherEnoughIsFragmentation) {
+  // 40 MiB cached in a segment a live block keeps, 40 MiB free on the device, 50 MiB asked.
+  simulated_device dev{device_options(100 * MiB)};
+  allocator a(dev, config());
+  a.deallocate(a.allocate(60 * MiB));
+  void* p = a.allocate(20 * MiB);
+  const std::string msg = oom_text(a, 50 * MiB);
+  EXPECT_NE(msg.find("suggestion: 40.00 MiB is cached but unallocated and 40.00 MiB is free on "
+                     "the device"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("this is fragmentation. policy:stitch"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("the live allocations"), std::string::npos) << msg;
+  a.deallocate(p);
+}
+
 TEST(OomReport, GenuineShortageSuggestsUsingLessMemory) {
   simulated_device dev{device_options(1 * GiB)};
   allocator a(dev, config());

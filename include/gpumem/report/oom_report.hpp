@@ -60,6 +60,23 @@ inline std::string oom_suggestion(const oom_facts& f) {
     }
     return s;
   }
+  if (unallocated + n.device_free_bytes >= n.rounded_bytes) {
+    // Enough memory in all, but split between the cache and the device: neither holds it whole.
+    if (f.policy == "stitch") {
+      return fmt::format(
+          "{} is cached and {} is free on the device, enough together, yet the cached pages could "
+          "not be stitched into this request: what is left is partial pages at the edges of live "
+          "blocks and the small pool's 2 MiB segments; reduce the memory the program keeps alive",
+          format_size(unallocated), format_size(n.device_free_bytes));
+    }
+    return fmt::format(
+        "{} is cached but unallocated and {} is free on the device: enough together for this "
+        "request, but the cached memory sits in segments that live blocks keep (they cannot be "
+        "released) and is not in one piece: this is fragmentation. policy:stitch{} lets the free "
+        "pages of cached blocks serve new requests",
+        format_size(unallocated), format_size(n.device_free_bytes),
+        f.policy == "classic" ? " (or expandable_segments:True)" : "");
+  }
   return fmt::format(
       "the live allocations ({}) plus this request exceed what the device can hold: reduce "
       "the memory the program keeps alive (smaller batches, activation checkpointing, gradient "
