@@ -94,6 +94,14 @@ struct segment_snapshot {
   std::vector<block_snapshot> blocks;  // in address order
 };
 
+/// The three byte counts people watch, current values (what stats() reports in requested_bytes,
+/// allocated_bytes and reserved_bytes [all], without copying every statistic).
+struct memory_usage {
+  std::size_t requested = 0;  ///< sizes asked for by live and pending-free blocks
+  std::size_t allocated = 0;  ///< bytes of blocks handed out
+  std::size_t reserved = 0;   ///< bytes held from the device
+};
+
 /// A caching allocator over `Device` (see device/device.hpp for the device concept).
 ///
 /// Thread safety: every public member function may be called concurrently; one lock serialises
@@ -261,6 +269,16 @@ class caching_allocator {
     device_stats out = stats_;
     counts_.export_to(out);
     return out;
+  }
+
+  /// Current requested, allocated and reserved bytes; cheap enough to call after every operation.
+  memory_usage usage() const {
+    std::lock_guard<detail::spin_mutex> lock(mutex_);
+    memory_usage u;
+    u.requested = static_cast<std::size_t>(counts_.current(counter::requested_bytes));
+    u.allocated = static_cast<std::size_t>(counts_.current(counter::allocated_bytes));
+    u.reserved = static_cast<std::size_t>(counts_.current(counter::reserved_bytes));
+    return u;
   }
 
   /// Resets every stat's peak to its current value (and gpumem's fragmentation-at-peak).

@@ -1,0 +1,266 @@
+// gpumem — the native trace format (docs/trace_format.md): text, one event per line, versioned.
+//
+// Text so that a person can read, grep, diff and hand-write traces; one event per line so that
+// tools like head, sed and awk cut them; versioned in the first line so that a reader refuses a
+// file it does not understand instead of misreading it.
+#pragma once
+
+#include <cerrno>
+#include <charconv>
+#include <cstddef>
+#include <cstdint>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+#include <fmt/format.h>
+
+#include "gpumem/error.hpp"
+#include "gpumem/trace/event.hpp"
+
+namespace gpumem {
+
+inline constexpr std::string_view native_trace_magic = "gpumem-trace";
+inline constexpr int native_trace_version = 1;
+
+namespace detail {
+
+/// A line-by-line reader over the whole text that knows each line's byte offset.
+class trace_text_parser {
+ public:
+  explicit trace_text_parser(std::string_view text) : text_(text) {}
+
+  bool next_line(std::string_view& line) {
+    if (pos_ >= text_.size()) return false;
+    line_start_ = pos_;
+    std::size_t end = text_.find('\n', pos_);
+    if (end == std::string_view::npos) end = text_.size();
+    line = text_.substr(pos_, end - pos_);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    pos_ = end + 1;
+    ++line_number_;
+    return true;
+  }
+
+  /// The next field of `line` (split at spaces and tabs), or an empty view at the end.
+  static std::string_view next_field(std::string_view& line) {
+    std::size_t i = 0;
+    while (i < line.size() && (line[i] == ' ' || line[i] == '\t')) ++i;
+    std::size_t j = i;
+    while (j < line.size() && line[j] != ' ' && line[j] != '\t') ++j;
+    std::string_view field = line.substr(i, j - i);
+    line.remove_prefix(j);
+    return field;
+  }
+
+  [[noreturn]] void fail(std::string_view line, std::string_view at,
+                         const std::string& what) const {
+    const std::size_t column = at.data() != nullptr && at.data() >= line.data()
+                                   ? static_cast<std::size_t>(at.data() - line.data())
+                                   : 0;
+    throw trace_error(fmt::format("gpumem trace: line {}, column {} (byte {}): {}", line_number_,
+                                  column + 1, line_start_ + column, what),
+                      line_start_ + column);
+  }
+
+  std::uint64_t parse_u64(std::string_view line, std::string_view field, const char* name,
+                          int base = 10) const {
+    std::string_view digits = field;
+    if (base == 16) {
+      if (digits.size() < 3 || digits[0] != '0' || (digits[1] != 'x' && digits[1] != 'X')) {
+        fail(line, field, fmt::format("{} '{}' must be hexadecimal starting with 0x", name, field));
+      }
+      digits.remove_prefix(2);
+    }
+    if (digits.empty()) fail(line, field, fmt::format("{} is missing", name));
+    if (digits.front() == '-') {
+      fail(line, field, fmt::format("{} '{}' is negative", name, field));
+    }
+    std::uint64_t value = 0;
+    const auto [ptr, ec] =
+        std::from_chars(digits.data(), digits.data() + digits.size(), value, base);
+    if (ec == std::errc::result_out_of_range) {
+      fail(line, field, fmt::format("{} '{}' does not fit in 64 bits", name, field));
+    }
+    if (ec != std::errc() || ptr != digits.data() + digits.size()) {
+      fail(line, field, fmt::format("{} '{}' is not a number", name, field));
+    }
+    return value;
+  }
+
+  std::size_t line_start() const noexcept { return line_start_; }
+
+ private:
+  std::string_view text_;
+  std::size_t pos_ = 0;
+  std::size_t line_start_ = 0;
+  std::size_t line_number_ = 0;
+};
+
+inline std::string_view trim(std::string_view s) noexcept {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+inline std::string read_whole_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::system_error(errno, std::generic_category(), "cannot open '" + path + "'");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad())
+    throw std::system_error(errno, std::generic_category(), "cannot read '" + path + "'");
+  return text;
+}
+
+}  // namespace detail
+
+/// Parses a native trace. Throws trace_error (offset(): the byte offset of the problem) on a
+/// malformed line, and trace_error (offset(): the event index) when the events make no sense
+/// (validate_trace). Never reads past `text`.
+inline allocation_trace parse_native_trace(std::string_view text) {
+  detail::trace_text_parser p(text);
+  allocation_trace trace;
+  std::string_view line;
+  if (!p.next_line(line)) {
+    throw trace_error("gpumem trace: the file is empty (expected 'gpumem-trace 1')", 0);
+  }
+  {
+    std::string_view rest = line;
+    const std::string_view magic = p.next_field(rest);
+    const std::string_view version = p.next_field(rest);
+    if (magic != native_trace_magic || !p.next_field(rest).empty()) {
+      p.fail(line, magic, "not a gpumem trace (the first line must be 'gpumem-trace 1')");
+    }
+    if (version != "1") {
+      p.fail(
+          line, version,
+          fmt::format("gpumem trace version '{}' is not supported (this reader knows version {})",
+                      version, native_trace_version));
+    }
+  }
+  constexpr std::size_t key_count = 6;
+  bool seen[key_count] = {};
+  bool events_started = false;
+  std::size_t initial_events = 0;
+  trace.events.reserve(text.size() / 32);
+  while (p.next_line(line)) {
+    std::string_view rest = line;
+    const std::string_view kind = p.next_field(rest);
+    if (kind.empty() || kind.front() == '#') continue;
+    if (kind.front() == '@') {
+      if (events_started) p.fail(line, kind, "header lines must come before the first event");
+      static constexpr std::string_view keys[] = {
+          "@source",        "@recorded_config", "@recorded_initial_reserved",
+          "@device_memory", "@initial_events",  "@recorded_oom_event"};
+      std::size_t k = 0;
+      while (k < key_count && keys[k] != kind) ++k;
+      if (k == key_count) p.fail(line, kind, fmt::format("unknown header key '{}'", kind));
+      if (seen[k]) p.fail(line, kind, fmt::format("header key '{}' given twice", kind));
+      seen[k] = true;
+      const std::string_view value = detail::trim(rest);
+      switch (k) {
+        case 0:
+          trace.source = std::string(value);
+          break;
+        case 1:
+          trace.recorded_config = std::string(value);
+          break;
+        case 2:
+          trace.recorded_initial_reserved = p.parse_u64(line, value, "@recorded_initial_reserved");
+          break;
+        case 3:
+          trace.device_memory = p.parse_u64(line, value, "@device_memory");
+          break;
+        case 4:
+          initial_events = static_cast<std::size_t>(p.parse_u64(line, value, "@initial_events"));
+          break;
+        default:
+          trace.recorded_oom_event =
+              static_cast<std::size_t>(p.parse_u64(line, value, "@recorded_oom_event"));
+      }
+      continue;
+    }
+    events_started = true;
+    const auto parsed_kind = trace_event_kind_from_string(kind);
+    if (!parsed_kind) p.fail(line, kind, fmt::format("unknown event kind '{}'", kind));
+    trace_event e;
+    e.kind = *parsed_kind;
+    const std::string_view address = p.next_field(rest);
+    const std::string_view size = p.next_field(rest);
+    const std::string_view stream = p.next_field(rest);
+    const std::string_view time = p.next_field(rest);
+    if (stream.empty()) {
+      p.fail(line, rest, "an event needs KIND ADDRESS SIZE STREAM [TIME_US]");
+    }
+    e.address = p.parse_u64(line, address, "the address", 16);
+    e.size = p.parse_u64(line, size, "the size");
+    e.stream = p.parse_u64(line, stream, "the stream");
+    if (!time.empty()) {
+      const std::uint64_t t = p.parse_u64(line, time, "the time");
+      if (t > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+        p.fail(line, time, "the time is too large");
+      e.time_us = static_cast<std::int64_t>(t);
+    }
+    const std::string_view extra = p.next_field(rest);
+    if (!extra.empty()) p.fail(line, extra, fmt::format("unexpected field '{}'", extra));
+    trace.events.push_back(e);
+  }
+  trace.initial_events = initial_events;
+  validate_trace(trace);
+  return trace;
+}
+
+/// Reads a native trace file. Throws std::system_error when it cannot be read, trace_error as
+/// parse_native_trace.
+inline allocation_trace read_native_trace(const std::string& path) {
+  return parse_native_trace(detail::read_whole_file(path));
+}
+
+/// Writes `trace` in the native format, version 1. Free text in the header is written up to its
+/// first line break. Throws what the stream throws (if exceptions are enabled on it).
+inline void write_native_trace(std::ostream& out, const allocation_trace& trace) {
+  auto one_line = [](const std::string& s) {
+    return std::string_view(s).substr(0, s.find_first_of("\r\n"));
+  };
+  fmt::memory_buffer buf;
+  fmt::format_to(std::back_inserter(buf), "{} {}\n", native_trace_magic, native_trace_version);
+  if (!trace.source.empty())
+    fmt::format_to(std::back_inserter(buf), "@source {}\n", one_line(trace.source));
+  if (!trace.recorded_config.empty()) {
+    fmt::format_to(std::back_inserter(buf), "@recorded_config {}\n",
+                   one_line(trace.recorded_config));
+  }
+  if (trace.recorded_initial_reserved) {
+    fmt::format_to(std::back_inserter(buf), "@recorded_initial_reserved {}\n",
+                   *trace.recorded_initial_reserved);
+  }
+  if (trace.device_memory)
+    fmt::format_to(std::back_inserter(buf), "@device_memory {}\n", *trace.device_memory);
+  if (trace.initial_events != 0) {
+    fmt::format_to(std::back_inserter(buf), "@initial_events {}\n", trace.initial_events);
+  }
+  if (trace.recorded_oom_event) {
+    fmt::format_to(std::back_inserter(buf), "@recorded_oom_event {}\n", *trace.recorded_oom_event);
+  }
+  for (const trace_event& e : trace.events) {
+    if (e.time_us == no_time) {
+      fmt::format_to(std::back_inserter(buf), "{} 0x{:x} {} {}\n", to_string(e.kind), e.address,
+                     e.size, e.stream);
+    } else {
+      fmt::format_to(std::back_inserter(buf), "{} 0x{:x} {} {} {}\n", to_string(e.kind), e.address,
+                     e.size, e.stream, e.time_us);
+    }
+    if (buf.size() > (std::size_t{1} << 16)) {
+      out.write(buf.data(), static_cast<std::streamsize>(buf.size()));
+      buf.clear();
+    }
+  }
+  out.write(buf.data(), static_cast<std::streamsize>(buf.size()));
+}
+
+}  // namespace gpumem
