@@ -1,0 +1,285 @@
+// Replaying traces on a simulated device: hand-built traces whose numbers are known by
+// construction, the out-of-memory result, the search for the smallest device, and the recorder.
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "gpumem/config.hpp"
+#include "gpumem/core/caching_allocator.hpp"
+#include "gpumem/device/simulated_device.hpp"
+#include "gpumem/trace/native_format.hpp"
+#include "gpumem/trace/recorder.hpp"
+#include "gpumem/trace/replay.hpp"
+
+namespace {
+
+using gpumem::allocation_trace;
+using K = gpumem::trace_event_kind;
+constexpr std::uint64_t MiB = std::uint64_t{1} << 20;
+
+gpumem::replay_options options_for(const std::string& config, std::uint64_t device) {
+  gpumem::replay_options o;
+  o.config = gpumem::allocator_config::parse(config);
+  o.device_memory = static_cast<std::size_t>(device);
+  return o;
+}
+
+gpumem::replay_result replay(const allocation_trace& t, const std::string& config,
+                             std::uint64_t device) {
+  return gpumem::replay_trace(gpumem::compile_trace(t), options_for(config, device));
+}
+
+allocation_trace events(std::vector<gpumem::trace_event> e) {
+  allocation_trace t;
+  t.events = std::move(e);
+  return t;
+}
+
+// Three 30 MiB tensors live at once, then freed: every figure is 90 MiB.
+allocation_trace three_large() {
+  return events({{K::alloc, 0x1000, 30 * MiB, 0, -1},
+                 {K::alloc, 0x2000, 30 * MiB, 0, -1},
+                 {K::alloc, 0x3000, 30 * MiB, 0, -1},
+                 {K::free_requested, 0x1000, 30 * MiB, 0, -1},
+                 {K::free_requested, 0x2000, 30 * MiB, 0, -1},
+                 {K::free_requested, 0x3000, 30 * MiB, 0, -1}});
+}
+
+// A 60 MiB block is freed and a 20 MiB block is cut from its segment; a 50 MiB request then finds
+// 40 MiB free in that segment (too small) and cannot release it (the segment is in use). Classic
+// needs 60 + 50 = 110 MiB of device; 70 MiB are requested.
+allocation_trace split_survivor() {
+  return events({{K::alloc, 0x1000, 60 * MiB, 0, -1},
+                 {K::free_requested, 0x1000, 60 * MiB, 0, -1},
+                 {K::free_completed, 0x1000, 60 * MiB, 0, -1},
+                 {K::alloc, 0x2000, 20 * MiB, 0, -1},
+                 {K::alloc, 0x3000, 50 * MiB, 0, -1},
+                 {K::free_requested, 0x2000, 20 * MiB, 0, -1},
+                 {K::free_requested, 0x3000, 50 * MiB, 0, -1}});
+}
+
+TEST(CompileTrace, PairsFreesAndCountsRequestedBytes) {
+  const allocation_trace t = events({{K::alloc, 0xa, 100, 0, -1},
+                                     {K::alloc, 0xb, 50, 9, -1},
+                                     {K::free_requested, 0xa, 100, 0, -1},
+                                     {K::record_stream, 0xb, 0, 4, -1},
+                                     {K::free_completed, 0xa, 100, 0, -1},
+                                     {K::free_requested, 0xb, 50, 9, -1},
+                                     {K::segment_alloc, 0x0, 4096, 0, -1}});
+  const gpumem::compiled_trace c = gpumem::compile_trace(t);
+  using op = gpumem::compiled_trace::op_kind;
+  ASSERT_EQ(c.ops.size(), 7u);
+  EXPECT_EQ(c.ops[2].kind, op::release);  // a free_completed follows
+  EXPECT_EQ(c.ops[4].kind, op::free);
+  EXPECT_EQ(c.ops[5].kind, op::release_free);  // none follows
+  EXPECT_EQ(c.ops[6].kind, op::none);
+  EXPECT_EQ(c.ops[1].slot, c.ops[5].slot);
+  EXPECT_EQ(c.stream_ids, (std::vector<std::uint64_t>{0, 9, 4}));
+  EXPECT_EQ(c.ops[3].stream, 2u);
+  EXPECT_EQ(c.allocations, 2u);
+  EXPECT_EQ(c.peak_requested, 150u);
+  EXPECT_EQ(c.peak_requested_event, 1u);
+  EXPECT_EQ(c.recorded_peak_reserved, std::optional<std::uint64_t>(4096));
+}
+
+TEST(CompileTrace, RecordedReservedFollowsTheSegmentEvents) {
+  allocation_trace t = events({{K::segment_alloc, 0x0, 50, 0, -1},
+                               {K::segment_free, 0x0, 100, 0, -1},
+                               {K::segment_alloc, 0x0, 10, 0, -1}});
+  t.recorded_initial_reserved = 100;
+  const gpumem::compiled_trace c = gpumem::compile_trace(t);
+  EXPECT_EQ(c.recorded_peak_reserved, std::optional<std::uint64_t>(150));
+  EXPECT_EQ(c.recorded_segment_allocs, 2u);
+  EXPECT_EQ(c.recorded_segment_frees, 1u);
+  EXPECT_FALSE(gpumem::compile_trace(three_large()).recorded_peak_reserved);
+}
+
+TEST(CompileTrace, RejectsAnInvalidTraceWithTheEventIndex) {
+  allocation_trace t = three_large();
+  t.events[4].address = 0x9999;
+  try {
+    gpumem::compile_trace(t);
+    FAIL() << "compiled";
+  } catch (const gpumem::trace_error& e) {
+    EXPECT_EQ(e.offset(), 4u);
+  }
+}
+
+TEST(Replay, KnownPeaksAndDeviceCalls) {
+  const gpumem::replay_result r = replay(three_large(), "policy:classic", 1024 * MiB);
+  EXPECT_TRUE(r.completed);
+  EXPECT_FALSE(r.oom_event_index);
+  EXPECT_EQ(r.policy, "classic");
+  EXPECT_EQ(r.events_replayed, 6u);
+  EXPECT_EQ(r.peak_requested, 90 * MiB);
+  EXPECT_EQ(r.peak_allocated, 90 * MiB);
+  EXPECT_EQ(r.peak_reserved, 90 * MiB);
+  EXPECT_EQ(r.device_alloc_calls(), 3u);
+  EXPECT_EQ(r.device_free_calls(), 0u);  // the cache keeps them
+  EXPECT_GT(r.simulated_seconds, 0.0);   // typical costs are charged
+  EXPECT_GT(r.events_per_second(), 0.0);
+}
+
+TEST(Replay, AFreeIsReusableOnlyOnceCompleted) {
+  // B is allocated between A's free_requested and free_completed: it cannot reuse A's block.
+  const allocation_trace pending = events({{K::alloc, 0x1000, 30 * MiB, 0, -1},
+                                           {K::free_requested, 0x1000, 30 * MiB, 0, -1},
+                                           {K::alloc, 0x2000, 30 * MiB, 0, -1},
+                                           {K::free_completed, 0x1000, 30 * MiB, 0, -1}});
+  const gpumem::replay_result r = replay(pending, "policy:classic", 1024 * MiB);
+  EXPECT_EQ(r.peak_requested, 30 * MiB);
+  EXPECT_EQ(r.peak_reserved, 60 * MiB);
+  // Without free_completed the block returns at free_requested and B reuses it.
+  const allocation_trace at_once = events({{K::alloc, 0x1000, 30 * MiB, 0, -1},
+                                           {K::free_requested, 0x1000, 30 * MiB, 0, -1},
+                                           {K::alloc, 0x2000, 30 * MiB, 0, -1}});
+  EXPECT_EQ(replay(at_once, "policy:classic", 1024 * MiB).peak_reserved, 30 * MiB);
+}
+
+TEST(Replay, StreamsKeepTheirOwnPools) {
+  const allocation_trace t = events({{K::alloc, 0x1000, 30 * MiB, 5, -1},
+                                     {K::free_requested, 0x1000, 30 * MiB, 5, -1},
+                                     {K::alloc, 0x2000, 30 * MiB, 0, -1}});
+  EXPECT_EQ(replay(t, "policy:classic", 1024 * MiB).peak_reserved, 60 * MiB);
+}
+
+TEST(Replay, ClassicRunsOutOfMemoryWhereStitchCompletes) {
+  const gpumem::replay_result classic = replay(split_survivor(), "policy:classic", 100 * MiB);
+  EXPECT_FALSE(classic.completed);
+  ASSERT_TRUE(classic.oom_event_index);
+  EXPECT_EQ(*classic.oom_event_index, 4u);
+  EXPECT_EQ(classic.events_replayed, 4u);
+  EXPECT_EQ(classic.oom_request_bytes, 50 * MiB);
+  EXPECT_NE(classic.oom_message.find("Tried to allocate 50.00 MiB"), std::string::npos)
+      << classic.oom_message;
+  EXPECT_NE(classic.memory_summary.find("GPU reserved memory"), std::string::npos);
+  EXPECT_EQ(classic.peak_reserved, 60 * MiB);
+  EXPECT_EQ(classic.snapshot_event, std::optional<std::size_t>(4));
+  ASSERT_EQ(classic.segments.size(), 1u);  // the segment the 20 MiB block holds on to
+  EXPECT_EQ(classic.segments[0].total_size, 60 * MiB);
+
+  const gpumem::replay_result stitch = replay(split_survivor(), "policy:stitch", 100 * MiB);
+  EXPECT_TRUE(stitch.completed) << stitch.oom_message;
+  EXPECT_EQ(stitch.policy, "stitch");
+  EXPECT_EQ(stitch.peak_requested, 70 * MiB);
+  EXPECT_LE(stitch.peak_reserved, 100 * MiB);
+}
+
+TEST(Replay, SamplesFollowEveryEvent) {
+  gpumem::replay_options o = options_for("policy:classic", 1024 * MiB);
+  o.record_samples = true;
+  o.snapshot_after_event = 2;
+  std::size_t last_done = 0, calls = 0;
+  o.progress = [&](std::size_t done, std::size_t total) {
+    EXPECT_EQ(total, 6u);
+    last_done = done;
+    ++calls;
+  };
+  const gpumem::replay_result r = gpumem::replay_trace(gpumem::compile_trace(three_large()), o);
+  ASSERT_EQ(r.samples.size(), 6u);
+  const std::uint64_t expected_requested[] = {30, 60, 90, 60, 30, 0};
+  for (std::size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(r.samples[i].event_index, i);
+    EXPECT_EQ(r.samples[i].requested, expected_requested[i] * MiB) << i;
+    EXPECT_EQ(r.samples[i].reserved, std::min<std::uint64_t>(i + 1, 3) * 30 * MiB) << i;
+  }
+  EXPECT_EQ(r.samples[5].allocated, 0u);
+  EXPECT_EQ(r.snapshot_event, std::optional<std::size_t>(2));
+  EXPECT_EQ(r.segments.size(), 3u);
+  EXPECT_EQ(last_done, 6u);
+  EXPECT_GE(calls, 1u);
+}
+
+TEST(Replay, InitialEventsAreReplayedFirst) {
+  allocation_trace t = three_large();
+  t.initial_events = 2;
+  const gpumem::replay_result r = replay(t, "policy:classic", 1024 * MiB);
+  EXPECT_EQ(r.peak_reserved, 90 * MiB);
+  // A device too small for the initial state runs out of memory on the second one.
+  const gpumem::replay_result small = replay(t, "policy:classic", 50 * MiB);
+  EXPECT_EQ(small.oom_event_index, std::optional<std::size_t>(1));
+}
+
+TEST(FindMinDeviceMemory, FindsTheSizeByConstruction) {
+  const gpumem::compiled_trace three = gpumem::compile_trace(three_large());
+  std::size_t probes = 0;
+  const auto min_three =
+      gpumem::find_min_device_memory(three, options_for("policy:classic", 0), std::size_t{1} << 40,
+                                     1u << 20, [&](std::size_t, bool) { ++probes; });
+  EXPECT_EQ(min_three, std::optional<std::size_t>(90 * MiB));
+  EXPECT_EQ(probes, 1u);  // the peak requested already fits
+
+  const gpumem::compiled_trace survivor = gpumem::compile_trace(split_survivor());
+  const auto min_classic = gpumem::find_min_device_memory(
+      survivor, options_for("policy:classic", 0), std::size_t{1} << 40);
+  EXPECT_EQ(min_classic, std::optional<std::size_t>(110 * MiB));
+  const auto min_stitch = gpumem::find_min_device_memory(survivor, options_for("policy:stitch", 0),
+                                                         std::size_t{1} << 40);
+  ASSERT_TRUE(min_stitch);
+  EXPECT_GE(*min_stitch, 70 * MiB);
+  EXPECT_LE(*min_stitch, 72 * MiB);
+  // Nothing completes below what is requested at once.
+  EXPECT_FALSE(gpumem::find_min_device_memory(survivor, options_for("policy:stitch", 0), 60 * MiB));
+}
+
+TEST(Recorder, RecordsWhatTheProgramAsked) {
+  gpumem::simulated_device device(std::size_t{1} << 30);
+  gpumem::caching_allocator<gpumem::simulated_device> alloc(
+      device, gpumem::allocator_config::parse("policy:classic"));
+  gpumem::recording_allocator recorder(alloc);
+  const gpumem::simulated_stream side = device.create_stream();
+  void* a = recorder.allocate(1000, device.default_stream());
+  void* b = recorder.allocate(3 * MiB, side);
+  recorder.record_stream(a, side);
+  recorder.deallocate(a);
+  EXPECT_THROW(recorder.allocate(std::size_t{2} << 30, side), gpumem::out_of_memory);
+  recorder.deallocate(b);
+  const allocation_trace t = recorder.trace();
+  ASSERT_EQ(t.events.size(), 5u);
+  EXPECT_EQ(t.events[0].kind, K::alloc);
+  EXPECT_EQ(t.events[0].address, reinterpret_cast<std::uintptr_t>(a));
+  EXPECT_EQ(t.events[0].size, 1000u);
+  EXPECT_EQ(t.events[1].stream, side.id);
+  EXPECT_EQ(t.events[2].kind, K::record_stream);
+  EXPECT_EQ(t.events[3].kind, K::free_requested);
+  EXPECT_EQ(t.events[3].size, 1000u);
+  EXPECT_EQ(t.recorded_oom_event, std::optional<std::size_t>(4));
+  EXPECT_EQ(t.events[4].size, 3 * MiB);
+  for (std::size_t i = 1; i < t.events.size(); ++i) {
+    EXPECT_GE(t.events[i].time_us, t.events[i - 1].time_us);
+  }
+  // What was recorded replays to what the allocator itself saw.
+  const gpumem::replay_result r = replay(t, "policy:classic", std::uint64_t{1} << 30);
+  EXPECT_TRUE(r.completed);
+  EXPECT_EQ(static_cast<std::int64_t>(r.peak_reserved), alloc.stats().reserved_bytes[0].peak);
+}
+
+TEST(Recorder, StreamsTheNativeFormat) {
+  gpumem::simulated_device device(std::size_t{1} << 30);
+  gpumem::caching_allocator<gpumem::simulated_device> alloc(
+      device, gpumem::allocator_config::parse("policy:classic"));
+  std::ostringstream sink;
+  {
+    gpumem::recording_allocator recorder(alloc, sink);
+    std::vector<void*> live;
+    for (int i = 0; i < 10000; ++i) {
+      live.push_back(recorder.allocate(static_cast<std::size_t>(512 + i % 7 * 4096)));
+      if (i % 3 == 2) {
+        recorder.deallocate(live.front());
+        live.erase(live.begin());
+      }
+    }
+    for (void* p : live) recorder.deallocate(p);
+  }
+  const allocation_trace back = gpumem::parse_native_trace(sink.str());
+  EXPECT_EQ(back.events.size(), 20000u);
+  EXPECT_EQ(back.source, "gpumem recording_allocator");
+  const gpumem::replay_result r = replay(back, "policy:classic", std::uint64_t{1} << 30);
+  EXPECT_TRUE(r.completed);
+  EXPECT_EQ(static_cast<std::int64_t>(r.peak_allocated), alloc.stats().allocated_bytes[0].peak);
+}
+
+}  // namespace
