@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -28,6 +29,8 @@
 #include <fmt/format.h>
 
 #include "gpumem/gpumem.hpp"
+#include "gpumem/trace/native_format.hpp"
+#include "workload_traces.hpp"
 #include "workloads.hpp"
 
 namespace {
@@ -51,6 +54,7 @@ struct options {
   bool default_configs = true;
   std::vector<std::string> config_texts;
   std::vector<const workload_info*> workloads;
+  std::string trace_dir;  // --write-traces: write the workloads as traces there and exit
 };
 
 enum class outcome { completed, out_of_memory, unavailable, error };
@@ -90,6 +94,8 @@ void print_help() {
       "  --device-memory SIZE   simulated device capacity, e.g. 80GiB (default 80GiB)\n"
       "  --seed N               workload seed (default 1)\n"
       "  --markdown             print a Markdown table\n"
+      "  --write-traces DIR     write each workload as a gpumem trace, DIR/<workload>.trace, for\n"
+      "                         gpumem-replay, and exit\n"
       "  --list                 list the workloads and exit\n"
       "  --help                 show this help and exit\n"
       "\n"
@@ -169,6 +175,9 @@ options parse_command_line(int argc, char** argv) {
         usage_error(fmt::format("--device-memory: {}", e.what()));
       }
       if (opts.device_memory == 0) usage_error("--device-memory must be above 0");
+    } else if (arg == "--write-traces") {
+      opts.trace_dir = value();
+      if (opts.trace_dir.empty()) usage_error("--write-traces needs a directory");
     } else if (arg == "--seed") {
       opts.seed = parse_seed(value());
     } else {
@@ -353,6 +362,21 @@ void print_table(const std::vector<std::vector<std::string>>& rows, bool markdow
 int main(int argc, char** argv) {
   const options opts = parse_command_line(argc, argv);
   const std::vector<config_entry> configs = build_configs(opts);
+
+  if (!opts.trace_dir.empty()) {
+    for (const workload_info* w : opts.workloads) {
+      const std::string path = opts.trace_dir + "/" + std::string(w->name) + ".trace";
+      std::ofstream out(path, std::ios::binary);
+      gpumem::write_native_trace(out, gpumem::bench::record_workload(*w, opts.seed));
+      out.close();
+      if (!out) {
+        std::fprintf(stderr, "gpumem_bench_fragmentation: cannot write %s\n", path.c_str());
+        return 1;
+      }
+      std::printf("wrote %s\n", path.c_str());
+    }
+    return 0;
+  }
 
   if (!opts.markdown) {
     std::printf("simulated device: %s, seed %llu\n\n",
