@@ -168,6 +168,32 @@ TEST(Replay, ClassicRunsOutOfMemoryWhereStitchCompletes) {
   EXPECT_LE(stitch.peak_reserved, 100 * MiB);
 }
 
+TEST(Replay, SegmentsSayWhichPagesAreMapped) {
+  gpumem::replay_options o = options_for("policy:stitch", 100 * MiB);
+  o.record_samples = true;
+  o.snapshot_after_event = 4;  // the 50 MiB block was stitched from the freed 60 MiB's pages
+  const gpumem::replay_result r = gpumem::replay_trace(gpumem::compile_trace(split_survivor()), o);
+  ASSERT_TRUE(r.completed);
+  std::uint64_t mapped = 0, total = 0, unmapped_blocks = 0;
+  for (const auto& s : r.segments) {
+    mapped += s.mapped_size;
+    total += s.total_size;
+    std::uint64_t mapped_blocks = 0;
+    for (const gpumem::block_snapshot& b : s.blocks) {
+      if (b.mapped) {
+        mapped_blocks += b.size;
+      } else {
+        ++unmapped_blocks;
+        EXPECT_EQ(b.state, gpumem::block_state::inactive);
+      }
+    }
+    EXPECT_EQ(mapped_blocks, s.mapped_size);
+  }
+  EXPECT_EQ(mapped, r.samples[4].reserved);  // reserved memory is the mapped memory
+  EXPECT_GT(total, mapped);                  // the address ranges span unmapped pages too
+  EXPECT_GT(unmapped_blocks, 0u);
+}
+
 TEST(Replay, SamplesFollowEveryEvent) {
   gpumem::replay_options o = options_for("policy:classic", 1024 * MiB);
   o.record_samples = true;

@@ -80,6 +80,7 @@ struct block_snapshot {
   std::size_t size = 0;
   std::size_t requested_size = 0;  // 0 unless allocated or pending
   block_state state = block_state::inactive;
+  bool mapped = true;  // false: an inactive range of a VMM segment with no physical memory
 };
 
 template <class Stream>
@@ -89,6 +90,7 @@ struct segment_snapshot {
   std::size_t allocated_size = 0;
   std::size_t active_size = 0;
   std::size_t requested_size = 0;
+  std::size_t mapped_size = 0;  // bytes backed by physical memory (total_size unless VMM)
   Stream stream{};
   bool is_small = false;
   std::vector<block_snapshot> blocks;  // in address order
@@ -341,7 +343,8 @@ class caching_allocator {
       ss.stream = s->owner->stream;
       ss.is_small = s->owner->is_small;
       for (const block_type* b = s->head; b != nullptr; b = b->next) {
-        block_snapshot bs{b->ptr, b->size, 0, block_state::inactive};
+        block_snapshot bs{b->ptr, b->size, 0, block_state::inactive, b->mapped};
+        if (b->mapped) ss.mapped_size += b->size;
         if (b->allocated) {
           bs.state = block_state::active_allocated;
           ss.allocated_size += b->size;
