@@ -1,0 +1,587 @@
+// gpumem — PyTorch CUDA memory snapshots: the pickles of torch.cuda.memory._dump_snapshot(), read
+// as gpumem traces and written from gpumem's own state, with no Python involved.
+//
+// A snapshot holds the allocator's state when it was taken ('segments', each with its blocks) and
+// the events recorded up to then ('device_traces', one list per device, oldest first). Recording
+// usually starts after the program has allocated, so the history alone does not say what was
+// live at its start: the reader takes the final active blocks and undoes the events from last to
+// first, which leaves the blocks live before the first event; they become the trace's initial
+// alloc events. Undoing the segment events from the final segments' sizes the same way gives what
+// PyTorch had reserved at the start, so a replay can draw PyTorch's reserved-memory curve.
+//
+// Mapping: alloc, free_requested, free_completed, segment_alloc and segment_free keep their
+// names; segment_map / segment_unmap (expandable segments) become segment_alloc / segment_free;
+// oom and snapshot markers are dropped. Both the old schema (blocks without 'address', 'history'
+// instead of 'frames') and the current one are read. Frames (stack traces) are not kept.
+//
+// Writing goes the other way: gpumem's segments (caching_allocator::snapshot()) and a history
+// become a snapshot with PyTorch's keys that pytorch.org/memory_viz and torch.cuda._memory_viz
+// open (empty frames).
+#pragma once
+
+#include <algorithm>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <fstream>
+#include <ios>
+#include <istream>
+#include <limits>
+#include <ostream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "gpumem/core/caching_allocator.hpp"
+#include "gpumem/error.hpp"
+#include "gpumem/trace/detail/pickle.hpp"
+#include "gpumem/trace/event.hpp"
+
+namespace gpumem {
+
+namespace detail {
+
+// Where a value sits in the snapshot, for error messages and trace_error's offset. Events are
+// named by their index in the device's trace (the offset is that index); everything else by its
+// place and the byte offset of its dict in the file.
+struct snapshot_place {
+  enum class what : std::uint8_t { top, segment, block, event };
+  what kind = what::top;
+  std::size_t index = 0;  // segment or event index
+  std::size_t block = 0;  // block index within the segment
+  std::size_t byte = 0;   // byte offset of the dict
+
+  std::string name() const {
+    switch (kind) {
+      case what::top:
+        return fmt::format("top level (byte {})", byte);
+      case what::segment:
+        return fmt::format("segment {} (byte {})", index, byte);
+      case what::block:
+        return fmt::format("segment {} block {} (byte {})", index, block, byte);
+      case what::event:
+        return fmt::format("event {}", index);
+    }
+    return {};
+  }
+  std::size_t offset() const noexcept { return kind == what::event ? index : byte; }
+};
+
+[[noreturn]] inline void snapshot_fail(const snapshot_place& at, const std::string& what) {
+  throw trace_error(fmt::format("PyTorch snapshot: {}: {}", at.name(), what), at.offset());
+}
+
+inline const pickle_value& snapshot_dict(const pickle_value& v, const snapshot_place& at) {
+  if (!v.is_dict()) snapshot_fail(at, fmt::format("a {}, not a dict", kind_name(v.type())));
+  return v;
+}
+
+inline const pickle_value& snapshot_field(const pickle_value& dict, std::string_view key,
+                                          const snapshot_place& at) {
+  const pickle_value* v = dict.find(key);
+  if (v == nullptr) snapshot_fail(at, fmt::format("no '{}'", key));
+  return *v;
+}
+
+inline std::int64_t snapshot_int(const pickle_value& v, std::string_view key,
+                                 const snapshot_place& at) {
+  if (!v.is_int()) {
+    snapshot_fail(at, fmt::format("'{}' is a {}, not an int", key, kind_name(v.type())));
+  }
+  return v.as_int();
+}
+
+inline std::uint64_t snapshot_unsigned(const pickle_value& v, std::string_view key,
+                                       const snapshot_place& at) {
+  const std::int64_t i = snapshot_int(v, key, at);
+  if (i < 0) snapshot_fail(at, fmt::format("'{}' is negative ({})", key, i));
+  return static_cast<std::uint64_t>(i);
+}
+
+inline const std::string& snapshot_str(const pickle_value& v, std::string_view key,
+                                       const snapshot_place& at) {
+  if (!v.is_str()) {
+    snapshot_fail(at, fmt::format("'{}' is a {}, not a str", key, kind_name(v.type())));
+  }
+  return v.as_str();
+}
+
+// Stream ids are opaque integers: the stream's own id where it has one (simulated_stream), the
+// handle's value for pointer handles (cudaStream_t, as PyTorch records them), the value itself
+// for integers.
+template <class Stream>
+std::uint64_t snapshot_stream_id(const Stream& s) noexcept {
+  if constexpr (std::is_pointer_v<Stream>) {
+    return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(s));
+  } else if constexpr (std::is_integral_v<Stream> || std::is_enum_v<Stream>) {
+    return static_cast<std::uint64_t>(s);
+  } else {
+    return static_cast<std::uint64_t>(s.id);
+  }
+}
+
+/// The trace of `device` in an unpickled snapshot; see read_pytorch_snapshot.
+inline allocation_trace pytorch_snapshot_trace(const pickle_value& root, int device) {
+  using place = snapshot_place;
+  if (device < 0) {
+    throw std::invalid_argument(fmt::format("read_pytorch_snapshot: device {} < 0", device));
+  }
+  const place top{place::what::top, 0, 0, root.offset()};
+  snapshot_dict(root, top);
+  const pickle_value& segments = snapshot_field(root, "segments", top);
+  if (!segments.is_list()) {
+    snapshot_fail(top, fmt::format("'segments' is a {}, not a list", kind_name(segments.type())));
+  }
+
+  // The final state: active blocks by address, and the bytes the segments hold.
+  static constexpr std::size_t no_origin = static_cast<std::size_t>(-1);
+  struct live_block {
+    std::uint64_t size = 0;
+    std::uint64_t stream = 0;
+    bool pending = false;            // free requested, not completed
+    std::size_t origin = no_origin;  // the event whose undoing made it live
+  };
+  std::unordered_map<std::uint64_t, live_block> live;
+  std::uint64_t reserved = 0;
+  bool has_segments = false;
+  const auto& segs = segments.as_list();
+  for (std::size_t si = 0; si < segs.size(); ++si) {
+    const pickle_value& seg = segs[si];
+    const place at{place::what::segment, si, 0, seg.offset()};
+    snapshot_dict(seg, at);
+    std::int64_t seg_device = 0;
+    if (const pickle_value* d = seg.find("device")) seg_device = snapshot_int(*d, "device", at);
+    if (seg_device != device) continue;
+    has_segments = true;
+    const std::uint64_t address =
+        snapshot_unsigned(snapshot_field(seg, "address", at), "address", at);
+    const std::uint64_t total =
+        snapshot_unsigned(snapshot_field(seg, "total_size", at), "total_size", at);
+    std::uint64_t stream = 0;
+    if (const pickle_value* s = seg.find("stream")) {
+      stream = static_cast<std::uint64_t>(snapshot_int(*s, "stream", at));
+    }
+    if (total > std::numeric_limits<std::uint64_t>::max() - reserved) {
+      snapshot_fail(at, "segment sizes overflow 64 bits");
+    }
+    reserved += total;
+    const pickle_value* blocks = seg.find("blocks");
+    if (blocks == nullptr) continue;
+    if (!blocks->is_list()) {
+      snapshot_fail(at, fmt::format("'blocks' is a {}, not a list", kind_name(blocks->type())));
+    }
+    std::uint64_t cursor =
+        address;  // old snapshots give no block addresses: blocks tile the segment
+    const auto& bl = blocks->as_list();
+    for (std::size_t bi = 0; bi < bl.size(); ++bi) {
+      const pickle_value& b = bl[bi];
+      const place bat{place::what::block, si, bi, b.offset()};
+      snapshot_dict(b, bat);
+      const std::uint64_t size = snapshot_unsigned(snapshot_field(b, "size", bat), "size", bat);
+      const std::string& state = snapshot_str(snapshot_field(b, "state", bat), "state", bat);
+      std::uint64_t baddr = cursor;
+      if (const pickle_value* a = b.find("address")) baddr = snapshot_unsigned(*a, "address", bat);
+      if (size > std::numeric_limits<std::uint64_t>::max() - baddr) {
+        snapshot_fail(bat, "block ends beyond 64-bit addresses");
+      }
+      cursor = baddr + size;
+      if (state == "inactive") continue;
+      const bool pending = state == "active_pending_free";
+      if (!pending && state != "active_allocated") {
+        snapshot_fail(bat, fmt::format("unknown block state '{}'", state));
+      }
+      std::uint64_t requested = 0;
+      if (const pickle_value* r = b.find("requested_size"); r != nullptr && !r->is_none()) {
+        requested = snapshot_unsigned(*r, "requested_size", bat);
+      }
+      const std::uint64_t live_size = requested > 0 ? requested : size;
+      if (live_size == 0) snapshot_fail(bat, "an active block of 0 bytes");
+      if (!live.emplace(baddr, live_block{live_size, stream, pending}).second) {
+        snapshot_fail(bat, fmt::format("a second active block at 0x{:x}", baddr));
+      }
+    }
+  }
+
+  // This device's events, converted; markers dropped.
+  const pickle_value::sequence* events = nullptr;
+  if (const pickle_value* traces = root.find("device_traces");
+      traces != nullptr && !traces->is_none()) {
+    if (!traces->is_list()) {
+      snapshot_fail(top,
+                    fmt::format("'device_traces' is a {}, not a list", kind_name(traces->type())));
+    }
+    const auto& per_device = traces->as_list();
+    if (static_cast<std::size_t>(device) < per_device.size()) {
+      const pickle_value& t = per_device[static_cast<std::size_t>(device)];
+      if (!t.is_list()) {
+        snapshot_fail(
+            top, fmt::format("device_traces[{}] is a {}, not a list", device, kind_name(t.type())));
+      }
+      events = &t.as_list();
+    }
+  }
+  if (!has_segments && (events == nullptr || events->empty())) {
+    throw trace_error(
+        fmt::format("PyTorch snapshot: device {} has neither segments nor trace events", device),
+        0);
+  }
+
+  struct recorded {
+    trace_event event;
+    std::size_t index;  // in the device's trace
+  };
+  std::vector<recorded> history;
+  if (events != nullptr) history.reserve(events->size());
+  for (std::size_t ei = 0; events != nullptr && ei < events->size(); ++ei) {
+    const pickle_value& e = (*events)[ei];
+    const place at{place::what::event, ei, 0, e.offset()};
+    snapshot_dict(e, at);
+    // One pass over the event's items (the 2 MB recordings have tens of thousands of events).
+    const pickle_value* action_v = nullptr;
+    const pickle_value* addr_v = nullptr;
+    const pickle_value* size_v = nullptr;
+    const pickle_value* stream_v = nullptr;
+    const pickle_value* time_v = nullptr;
+    for (const auto& [k, x] : e.as_dict()) {
+      if (!k.is_str()) continue;
+      const std::string_view key = k.as_str();
+      if (key == std::string_view("action")) {
+        action_v = &x;
+      } else if (key == std::string_view("addr")) {
+        addr_v = &x;
+      } else if (key == std::string_view("size")) {
+        size_v = &x;
+      } else if (key == std::string_view("stream")) {
+        stream_v = &x;
+      } else if (key == std::string_view("time_us")) {
+        time_v = &x;
+      }
+    }
+    if (action_v == nullptr) snapshot_fail(at, "no 'action'");
+    const std::string& action = snapshot_str(*action_v, "action", at);
+    trace_event ev;
+    if (action == "alloc") {
+      ev.kind = trace_event_kind::alloc;
+    } else if (action == "free_requested") {
+      ev.kind = trace_event_kind::free_requested;
+    } else if (action == "free_completed") {
+      ev.kind = trace_event_kind::free_completed;
+    } else if (action == "segment_alloc" || action == "segment_map") {
+      ev.kind = trace_event_kind::segment_alloc;
+    } else if (action == "segment_free" || action == "segment_unmap") {
+      ev.kind = trace_event_kind::segment_free;
+    } else if (action == "oom" || action == "snapshot") {
+      continue;
+    } else {
+      snapshot_fail(at, fmt::format("unknown action '{}'", action));
+    }
+    if (addr_v == nullptr) snapshot_fail(at, "no 'addr'");
+    if (size_v == nullptr) snapshot_fail(at, "no 'size'");
+    ev.address = snapshot_unsigned(*addr_v, "addr", at);
+    ev.size = snapshot_unsigned(*size_v, "size", at);
+    if (stream_v != nullptr)
+      ev.stream = static_cast<std::uint64_t>(snapshot_int(*stream_v, "stream", at));
+    if (time_v != nullptr && !time_v->is_none()) ev.time_us = snapshot_int(*time_v, "time_us", at);
+    if (ev.kind == trace_event_kind::alloc && ev.size == 0) {
+      snapshot_fail(at, "an alloc of 0 bytes");
+    }
+    history.push_back(recorded{ev, ei});
+  }
+
+  // Undo the history, last event first.
+  for (auto it = history.rbegin(); it != history.rend(); ++it) {
+    const trace_event& ev = it->event;
+    const place at{place::what::event, it->index, 0, 0};
+    switch (ev.kind) {
+      case trace_event_kind::alloc: {
+        const auto f = live.find(ev.address);
+        if (f == live.end()) {
+          snapshot_fail(at, fmt::format("alloc of 0x{:x}, which is not live afterwards (neither "
+                                        "active in the final segments nor freed later)",
+                                        ev.address));
+        }
+        if (f->second.pending) {
+          snapshot_fail(at, f->second.origin == no_origin
+                                ? fmt::format("alloc of 0x{:x}, which the final segments show "
+                                              "pending a free that no free_requested asked for",
+                                              ev.address)
+                                : fmt::format("alloc of 0x{:x}, which event {} frees "
+                                              "(free_completed) with no free_requested before",
+                                              ev.address, f->second.origin));
+        }
+        live.erase(f);
+        break;
+      }
+      case trace_event_kind::free_requested: {
+        const auto f = live.find(ev.address);
+        if (f == live.end() || !f->second.pending) {
+          snapshot_fail(at,
+                        fmt::format("free_requested of 0x{:x}, which is not waiting for its free "
+                                    "afterwards (no later free_completed, not pending in the "
+                                    "final segments)",
+                                    ev.address));
+        }
+        f->second = live_block{ev.size > 0 ? ev.size : f->second.size, ev.stream, false, it->index};
+        break;
+      }
+      case trace_event_kind::free_completed: {
+        if (live.count(ev.address) != 0) {
+          snapshot_fail(at, fmt::format("free_completed of 0x{:x}, which is live again afterwards "
+                                        "with no alloc",
+                                        ev.address));
+        }
+        live.emplace(ev.address, live_block{ev.size, ev.stream, true, it->index});
+        break;
+      }
+      case trace_event_kind::segment_alloc:
+        if (ev.size > reserved) {
+          snapshot_fail(at, fmt::format("segment_alloc of {} bytes, more than the final segments "
+                                        "and the later segment events hold ({})",
+                                        ev.size, reserved));
+        }
+        reserved -= ev.size;
+        break;
+      case trace_event_kind::segment_free:
+        if (ev.size > std::numeric_limits<std::uint64_t>::max() - reserved) {
+          snapshot_fail(at, "segment sizes overflow 64 bits");
+        }
+        reserved += ev.size;
+        break;
+      case trace_event_kind::record_stream:
+        break;  // never produced above
+    }
+  }
+
+  // The blocks live before the first event, in address order. A block whose free was already
+  // requested then (its free_completed is in the history, or it is still pending at the end) is
+  // allocated and then freed by a free_requested placed right after the initial events, so that
+  // its free_completed, if any, follows a free_requested as the trace rules want.
+  std::vector<std::pair<std::uint64_t, live_block>> initial(live.begin(), live.end());
+  std::sort(initial.begin(), initial.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  allocation_trace trace;
+  trace.events.reserve(2 * initial.size() + history.size());
+  for (const auto& [address, b] : initial) {
+    if (b.size == 0) {
+      snapshot_fail(place{place::what::event, b.origin, 0, 0},
+                    fmt::format("0x{:x} was live before recording began, with an unknown size "
+                                "(its free gives 0 bytes)",
+                                address));
+    }
+    trace.events.push_back(
+        trace_event{trace_event_kind::alloc, address, b.size, b.stream, no_time});
+  }
+  trace.initial_events = trace.events.size();
+  for (const auto& [address, b] : initial) {
+    if (b.pending) {
+      trace.events.push_back(
+          trace_event{trace_event_kind::free_requested, address, b.size, b.stream, no_time});
+    }
+  }
+  for (const recorded& r : history) trace.events.push_back(r.event);
+
+  trace.source = "pytorch-snapshot";
+  if (const pickle_value* settings = root.find("allocator_settings")) {
+    if (const pickle_value* conf = settings->find("PYTORCH_CUDA_ALLOC_CONF");
+        conf != nullptr && conf->is_str()) {
+      trace.recorded_config = conf->as_str();
+    }
+  }
+  trace.recorded_initial_reserved = reserved;
+  return trace;
+}
+
+/// read_pytorch_snapshot from the bytes of a whole file (trace_io.hpp's entry point).
+inline allocation_trace read_pytorch_snapshot_bytes(std::string_view bytes, int device) {
+  return pytorch_snapshot_trace(unpickle(bytes), device);
+}
+
+inline pickle_value snapshot_int_value(std::uint64_t v, const char* what) {
+  if (v > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    throw std::invalid_argument(
+        fmt::format("write_pytorch_snapshot: {} {} does not fit a snapshot's 64-bit int", what, v));
+  }
+  return pickle_value(static_cast<std::int64_t>(v));
+}
+
+constexpr std::string_view snapshot_state_name(block_state s) noexcept {
+  switch (s) {
+    case block_state::active_allocated:
+      return "active_allocated";
+    case block_state::active_pending_free:
+      return "active_pending_free";
+    case block_state::inactive:
+      return "inactive";
+  }
+  return "inactive";
+}
+
+/// The snapshot written by write_pytorch_snapshot, as a value.
+template <class Stream>
+pickle_value pytorch_snapshot_value(const std::vector<segment_snapshot<Stream>>& segments,
+                                    const allocation_trace& history, int device) {
+  if (device < 0) {
+    throw std::invalid_argument(fmt::format("write_pytorch_snapshot: device {} < 0", device));
+  }
+  if (history.initial_events > history.events.size()) {
+    throw std::invalid_argument("write_pytorch_snapshot: initial_events exceeds the event count");
+  }
+  using dict = pickle_value::dict_items;
+  using seq = pickle_value::sequence;
+  // Stream ids are opaque: a handle above INT64_MAX is stored as the int64 of the same bits.
+  const auto stream_value = [](std::uint64_t id) {
+    return pickle_value(static_cast<std::int64_t>(id));
+  };
+
+  seq segs;
+  segs.reserve(segments.size());
+  for (const segment_snapshot<Stream>& s : segments) {
+    seq blocks;
+    blocks.reserve(s.blocks.size());
+    for (const block_snapshot& b : s.blocks) {
+      blocks.push_back(pickle_value::make_dict(dict{
+          {"address", snapshot_int_value(b.address, "block address")},
+          {"size", snapshot_int_value(b.size, "block size")},
+          {"requested_size", snapshot_int_value(b.requested_size, "block requested_size")},
+          {"state", pickle_value(snapshot_state_name(b.state))},
+          {"frames", pickle_value::make_list()},
+      }));
+    }
+    segs.push_back(pickle_value::make_dict(dict{
+        {"device", pickle_value(device)},
+        {"address", snapshot_int_value(s.address, "segment address")},
+        {"total_size", snapshot_int_value(s.total_size, "segment total_size")},
+        {"allocated_size", snapshot_int_value(s.allocated_size, "segment allocated_size")},
+        {"active_size", snapshot_int_value(s.active_size, "segment active_size")},
+        {"requested_size", snapshot_int_value(s.requested_size, "segment requested_size")},
+        {"stream", stream_value(snapshot_stream_id(s.stream))},
+        {"segment_type", pickle_value(s.is_small ? "small" : "large")},
+        {"segment_pool_id", pickle_value::make_tuple(seq{pickle_value(0), pickle_value(0)})},
+        {"is_expandable", pickle_value(false)},
+        {"frames", pickle_value::make_list()},
+        {"blocks", pickle_value::make_list(std::move(blocks))},
+    }));
+  }
+
+  seq events;
+  events.reserve(history.events.size() - history.initial_events);
+  for (std::size_t i = history.initial_events; i < history.events.size(); ++i) {
+    const trace_event& ev = history.events[i];
+    if (ev.kind == trace_event_kind::record_stream)
+      continue;  // PyTorch's traces have no such event
+    dict e{
+        {"action", pickle_value(to_string(ev.kind))},
+        {"addr", snapshot_int_value(ev.address, "event address")},
+        {"size", snapshot_int_value(ev.size, "event size")},
+        {"stream", stream_value(ev.stream)},
+    };
+    if (ev.time_us != no_time) e.emplace_back("time_us", pickle_value(ev.time_us));
+    e.emplace_back("frames", pickle_value::make_list());
+    events.push_back(pickle_value::make_dict(std::move(e)));
+  }
+  seq traces;
+  for (int d = 0; d < device; ++d) traces.push_back(pickle_value::make_list());
+  traces.push_back(pickle_value::make_list(std::move(events)));
+
+  return pickle_value::make_dict(dict{
+      {"segments", pickle_value::make_list(std::move(segs))},
+      {"device_traces", pickle_value::make_list(std::move(traces))},
+      {"allocator_settings",
+       pickle_value::make_dict(dict{{"PYTORCH_CUDA_ALLOC_CONF", history.recorded_config}})},
+  });
+}
+
+}  // namespace detail
+
+/// Reads the trace of `device` from the snapshot pickle in `bytes` (a whole file's contents).
+///
+/// The first `initial_events` events are allocs of the blocks live before recording began
+/// (requested sizes, address order, their segment's stream, no time); blocks whose free was
+/// already requested then get a free_requested right after them. Then come the recorded events,
+/// oldest first. `recorded_initial_reserved` is what PyTorch held from the device before the first
+/// event; `recorded_config` is allocator_settings' PYTORCH_CUDA_ALLOC_CONF ("" when absent);
+/// `source` is "pytorch-snapshot". The result passes the trace validity rules of
+/// docs/trace_format.md.
+///
+/// Throws trace_error when the bytes are not a pickle of the supported subset (offset: the byte),
+/// when the structure is not a snapshot's (offset: the byte of the enclosing dict, named in the
+/// message), or when an event contradicts the state (unknown action, a free of a block that is
+/// not live, an alloc of a live one, ...: "event N" in the message, offset N, counted in the
+/// device's list of events); also when the device has neither segments nor events.
+/// std::invalid_argument for device < 0. Thread-safe (no shared state).
+inline allocation_trace read_pytorch_snapshot(const std::vector<char>& bytes, int device = 0) {
+  return detail::read_pytorch_snapshot_bytes(std::string_view(bytes.data(), bytes.size()), device);
+}
+
+/// As above, from the rest of `in` (opened in binary mode). Throws std::system_error
+/// (std::io_errc::stream) when the stream fails.
+inline allocation_trace read_pytorch_snapshot(std::istream& in, int device = 0) {
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  if (in.bad()) {
+    throw std::system_error(std::make_error_code(std::io_errc::stream),
+                            "cannot read the PyTorch snapshot from the stream");
+  }
+  const std::string bytes = buffer.str();
+  return detail::read_pytorch_snapshot_bytes(bytes, device);
+}
+
+/// As above, from the file at `path`; trace_error messages start with the path. Throws
+/// std::system_error when the file cannot be opened or read (as the other trace readers do).
+inline allocation_trace read_pytorch_snapshot(const std::string& path, int device = 0) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw std::system_error(errno, std::generic_category(),
+                            fmt::format("cannot open the PyTorch snapshot '{}'", path));
+  }
+  std::string bytes;
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  if (size > 0) {
+    bytes.resize(static_cast<std::size_t>(size));
+    in.seekg(0, std::ios::beg);
+    in.read(bytes.data(), static_cast<std::streamsize>(size));
+  } else {
+    in.clear();
+    in.seekg(0, std::ios::beg);
+    std::ostringstream buffer;
+    buffer << in.rdbuf();
+    bytes = buffer.str();
+  }
+  if (in.bad() || (size > 0 && in.gcount() != static_cast<std::streamsize>(size))) {
+    throw std::system_error(errno, std::generic_category(),
+                            fmt::format("cannot read the PyTorch snapshot '{}'", path));
+  }
+  try {
+    return detail::read_pytorch_snapshot_bytes(bytes, device);
+  } catch (const trace_error& e) {
+    throw trace_error(fmt::format("{}: {}", path, e.what()), e.offset());
+  }
+}
+
+/// Writes a snapshot pickle (protocol 4) of `segments` (caching_allocator::snapshot(), the state
+/// at the end of `history`) and `history`'s events after its initial ones, for `device` (earlier
+/// devices get empty traces). pytorch.org/memory_viz opens it; read_pytorch_snapshot reads it
+/// back into `history`'s events, record_stream events excepted (PyTorch's traces have none), with
+/// the initial events rebuilt from `segments`. Frames are empty; events without a time have no
+/// 'time_us'; allocator_settings holds history.recorded_config as PYTORCH_CUDA_ALLOC_CONF.
+///
+/// Stream ids: `.id` of the stream type when it has one, else the handle's value. Throws
+/// std::invalid_argument for device < 0, initial_events beyond the events, an address or size
+/// above INT64_MAX, or a recorded_config that is not UTF-8. Stream failures show in out's state.
+template <class Stream>
+void write_pytorch_snapshot(std::ostream& out,
+                            const std::vector<segment_snapshot<Stream>>& segments,
+                            const allocation_trace& history, int device = 0) {
+  detail::pickle_dump(out, detail::pytorch_snapshot_value(segments, history, device), 4);
+}
+
+}  // namespace gpumem

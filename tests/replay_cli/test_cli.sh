@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# gpumem-replay's command line: flags, outputs and errors.
+# usage: test_cli.sh PATH/TO/gpumem-replay SOURCE_DIR
+set -uo pipefail
+replay=$1
+source_dir=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+
+fail() {
+  echo "FAIL: $*" >&2
+  failures=$((failures + 1))
+}
+
+# run EXPECTED_STATUS ARGS...: runs gpumem-replay, keeps stdout in $out and stderr in $err.
+run() {
+  local expected=$1
+  shift
+  "$replay" "$@" >"$work/out" 2>"$work/err"
+  local status=$?
+  out=$(cat "$work/out")
+  err=$(cat "$work/err")
+  if [[ $status != "$expected" ]]; then
+    fail "gpumem-replay $* exited $status, expected $expected; stderr: $err"
+  fi
+}
+
+expect_in() {  # expect_in TEXT PATTERN WHAT
+  if ! grep -qE -- "$2" <<<"$1"; then fail "$3: /$2/ not found in:"$'\n'"$1"; fi
+}
+
+# A 60 MiB block is freed and 20 MiB cut from its segment; then 50 MiB are asked for. On a
+# 100 MiB device classic runs out of memory at event 4; stitch completes; 70 MiB are requested.
+mib=1048576
+cat >"$work/survivor.trace" <<EOF
+gpumem-trace 1
+@source split survivor by hand
+alloc 0x1000 $((60 * mib)) 0
+free_requested 0x1000 $((60 * mib)) 0
+free_completed 0x1000 $((60 * mib)) 0
+alloc 0x2000 $((20 * mib)) 0
+alloc 0x3000 $((50 * mib)) 0
+free_requested 0x2000 $((20 * mib)) 0
+free_requested 0x3000 $((50 * mib)) 0
+EOF
+
+# --- help, version and command-line errors ----------------------------------------------------
+run 0 --help
+expect_in "$out" "usage: gpumem-replay TRACE" "--help"
+expect_in "$out" "--find-min-memory" "--help lists --find-min-memory"
+run 0 --version
+expect_in "$out" "^gpumem-replay [0-9]+\.[0-9]+\.[0-9]+" "--version"
+run 2
+expect_in "$err" "no trace given" "no arguments"
+run 2 "$work/survivor.trace" --bogus
+expect_in "$err" "unknown option --bogus" "unknown flag"
+run 2 "$work/survivor.trace" --device-memory 12XB
+expect_in "$err" "--device-memory" "bad size"
+run 2 "$work/survivor.trace" --device-memory 0
+expect_in "$err" "more than 0 bytes" "zero size"
+run 2 "$work/survivor.trace" --device-memory
+expect_in "$err" "--device-memory needs a value" "missing value"
+run 2 "$work/survivor.trace" --config "policy:sometimes"
+expect_in "$err" "bad configuration \"policy:sometimes\"" "bad config"
+run 2 "$work/survivor.trace" --config policy:classic --compare policy:stitch
+expect_in "$err" "one --config, or --compare" "--config with --compare"
+run 2 "$work/survivor.trace" "$work/survivor.trace"
+expect_in "$err" "one trace at a time" "two traces"
+run 2 "$work/survivor.trace" --progress sometimes
+expect_in "$err" "auto, always or never" "bad --progress"
+
+# --- unreadable and malformed traces ------------------------------------------------------------
+run 1 "$work/missing.trace"
+expect_in "$err" "cannot open '$work/missing.trace'" "missing file"
+printf 'hello\n' >"$work/garbage.txt"
+run 1 "$work/garbage.txt"
+expect_in "$err" "not a trace gpumem can read" "unknown format"
+printf 'gpumem-trace 1\nalloc 0x10 -5 0\n' >"$work/negative.trace"
+run 1 "$work/negative.trace"
+expect_in "$err" "line 2, column 12 \(byte 26\).*negative" "negative size"
+printf 'gpumem-trace 1\nalloc 0x10 5 0\nfree_requested 0x20 5 0\n' >"$work/unknown_free.trace"
+run 1 "$work/unknown_free.trace"
+expect_in "$err" "event 1 .*not live" "free of an unknown address"
+printf '\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00}\x94(' >"$work/truncated.pickle"
+run 1 "$work/truncated.pickle"
+expect_in "$err" "byte [0-9]+" "truncated pickle"
+
+# --- one configuration: the detailed report -----------------------------------------------------
+run 0 "$work/survivor.trace" --device-memory 100MiB --config policy:classic
+expect_in "$out" "OUT OF MEMORY at event 4 of 7 \(a request of 50 MiB\)" "classic OOM"
+expect_in "$out" "Tried to allocate 50.00 MiB" "OOM report"
+expect_in "$out" "this is fragmentation" "diagnosis"
+expect_in "$out" "GPU reserved memory" "memory_summary at the OOM"
+expect_in "$out" "peak requested 70 MiB" "program's peak requested"
+expect_in "$out" "M events/s" "replay speed"
+expect_in "$out" "simulated time in device calls" "simulated time"
+run 0 "$work/survivor.trace" --device-memory 100MiB --config policy:stitch
+expect_in "$out" "result:  completed, 7 events" "stitch completes"
+
+# --- compare, JSON, minimum memory ---------------------------------------------------------------
+run 0 "$work/survivor.trace" --device-memory 100MiB --compare policy:classic policy:stitch
+expect_in "$out" "policy:classic +classic +OOM at event 4" "compare row classic"
+expect_in "$out" "policy:stitch +stitch +completed" "compare row stitch"
+expect_in "$out" "ran out of memory at event 4" "compare explains the OOM"
+run 0 "$work/survivor.trace" --device-memory 100MiB --compare "policy:classic" "policy:stitch" \
+  --find-min-memory --json
+if command -v python3 >/dev/null; then
+  python3 - "$work/out" <<'PY' || fail "JSON check"
+import json, sys
+runs = json.load(open(sys.argv[1]))
+assert [r["config"] for r in runs] == ["policy:classic", "policy:stitch"], runs
+c, s = runs
+for key in ["config", "allocator", "completed", "oom_event_index", "peak_requested_bytes",
+            "peak_allocated_bytes", "peak_reserved_bytes", "device_alloc_calls",
+            "device_free_calls", "min_device_memory_bytes"]:
+    assert key in c and key in s, key
+assert c["allocator"] == "gpumem"
+assert c["completed"] is False and c["oom_event_index"] == 4, c
+assert s["completed"] is True and s["oom_event_index"] is None, s
+assert c["min_device_memory_bytes"] == 110 * 2**20, c["min_device_memory_bytes"]
+assert 70 * 2**20 <= s["min_device_memory_bytes"] <= 72 * 2**20, s["min_device_memory_bytes"]
+assert s["peak_requested_bytes"] == 70 * 2**20
+PY
+else
+  expect_in "$out" '"config": "policy:classic".*"oom_event_index": 4' "JSON classic"
+  expect_in "$out" '"min_device_memory_bytes": 115343360' "JSON min memory"
+fi
+run 0 "$work/survivor.trace" --device-memory 100MiB --compare
+expect_in "$out" "policy:expandable" "--compare alone compares the three policies"
+
+# --- plot, convert, progress ----------------------------------------------------------------------
+run 0 "$work/survivor.trace" --device-memory 100MiB --compare policy:classic policy:stitch \
+  --plot "$work/plot.svg"
+[[ -s $work/plot.svg ]] || fail "--plot wrote nothing"
+expect_in "$(head -c 300 "$work/plot.svg")" "<svg" "SVG document"
+expect_in "$(cat "$work/plot.svg")" "OOM" "the plot marks the OOM"
+run 1 "$work/survivor.trace" --plot "$work/no/such/dir/plot.svg"
+expect_in "$err" "cannot write" "unwritable plot"
+
+run 0 "$work/survivor.trace" --convert "$work/copy.csv"
+expect_in "$(head -1 "$work/copy.csv")" "^Thread,Time,Action,Pointer,Size,Stream$" "RMM CSV"
+run 0 "$work/copy.csv" --device-memory 100MiB --config policy:classic
+expect_in "$out" "OUT OF MEMORY at event 3 of 6" "the RMM log replays (one free per block)"
+
+run 0 "$work/survivor.trace" --device-memory 100MiB --progress always
+expect_in "$err" "\[#+\] 100% 7/7 events" "progress bar"
+run 0 "$work/survivor.trace" --device-memory 100MiB --progress never
+[[ -z $err ]] || fail "--progress never printed: $err"
+
+# --- real PyTorch snapshots, when the shared folder is there --------------------------------------
+shared=${GPUMEM_SHARED_TRACES:-$source_dir/../shared/traces}
+if [[ -f $shared/transformer-forward-bf16.pickle ]]; then
+  run 0 "$shared/transformer-forward-bf16.pickle" --compare policy:classic policy:stitch
+  expect_in "$out" "pytorch-snapshot, 2948 events, 1074 allocations" "snapshot header"
+  expect_in "$out" "137 blocks were live before recording began" "initial state"
+  expect_in "$out" "recorded: the recording allocator reserved" "recorded reference"
+  run 0 "$shared/transformer-forward-bf16.pickle" --convert "$work/tf.trace"
+  run 0 "$work/tf.trace" --json --config policy:classic
+  from_native=$(grep -oE '"peak_reserved_bytes": [0-9]+' <<<"$out")
+  run 0 "$shared/transformer-forward-bf16.pickle" --json --config policy:classic
+  from_pickle=$(grep -oE '"peak_reserved_bytes": [0-9]+' <<<"$out")
+  [[ -n $from_pickle && $from_native == "$from_pickle" ]] ||
+    fail "converted trace replays differently: $from_native vs $from_pickle"
+else
+  echo "note: $shared not found: the PyTorch snapshot checks were skipped"
+fi
+
+if ((failures > 0)); then
+  echo "$failures check(s) failed" >&2
+  exit 1
+fi
+echo "all gpumem-replay command-line checks passed"
