@@ -1,5 +1,6 @@
 // Replaying traces on a simulated device: hand-built traces whose numbers are known by
 // construction, the out-of-memory result, the search for the smallest device, and the recorder.
+#include <algorithm>
 #include <cstdint>
 #include <sstream>
 #include <string>
@@ -217,6 +218,30 @@ TEST(Replay, SamplesFollowEveryEvent) {
   EXPECT_EQ(r.segments.size(), 3u);
   EXPECT_EQ(last_done, 6u);
   EXPECT_GE(calls, 1u);
+}
+
+TEST(Replay, HistoryUsesTheAddressesOfTheAllocatorUnderTest) {
+  allocation_trace t = three_large();
+  t.initial_events = 1;
+  gpumem::replay_options o = options_for("policy:classic", 1024 * MiB);
+  o.record_history = true;
+  o.snapshot_after_event = 2;  // all three live
+  const gpumem::replay_result r = gpumem::replay_trace(gpumem::compile_trace(t), o);
+  const allocation_trace& h = r.history;
+  ASSERT_EQ(h.events.size(), 9u);  // 3 allocs, each free as requested + completed
+  EXPECT_EQ(h.initial_events, 1u);
+  std::vector<std::uint64_t> segment_starts;
+  for (const auto& s : r.segments) segment_starts.push_back(s.address);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(h.events[i].kind, K::alloc);
+    EXPECT_NE(h.events[i].address, t.events[i].address);  // not the recorded address
+    EXPECT_NE(std::find(segment_starts.begin(), segment_starts.end(), h.events[i].address),
+              segment_starts.end());
+  }
+  EXPECT_EQ(h.events[3].kind, K::free_requested);
+  EXPECT_EQ(h.events[4].kind, K::free_completed);
+  EXPECT_EQ(h.events[3].address, h.events[0].address);
+  EXPECT_NO_THROW(gpumem::validate_trace(h));
 }
 
 TEST(Replay, InitialEventsAreReplayedFirst) {

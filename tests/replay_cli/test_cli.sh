@@ -148,6 +148,24 @@ expect_in "$err" "\[#+\] 100% 7/7 events" "progress bar"
 run 0 "$work/survivor.trace" --device-memory 100MiB --progress never
 [[ -z $err ]] || fail "--progress never printed: $err"
 
+run 0 "$work/survivor.trace" --device-memory 100MiB --config policy:stitch \
+  --export-snapshot "$work/export.pickle"
+expect_in "$out" "snapshot: $work/export.pickle" "export announced"
+run 0 "$work/export.pickle" --device-memory 100MiB --config policy:stitch --json
+expect_in "$out" '"completed": true' "the exported snapshot replays"
+expect_in "$out" '"peak_requested_bytes": 73400320' "the exported snapshot has the same requests"
+if command -v python3 >/dev/null; then
+  python3 - "$work/export.pickle" <<'PY' || fail "exported snapshot is not PyTorch's schema"
+import pickle, sys
+s = pickle.load(open(sys.argv[1], "rb"))
+assert set(s) >= {"segments", "device_traces"}, s.keys()
+actions = [e["action"] for e in s["device_traces"][0]]
+assert actions.count("alloc") == 3 and actions.count("free_completed") == 3, actions
+for seg in s["segments"]:
+    assert sum(b["size"] for b in seg["blocks"]) == seg["total_size"]
+PY
+fi
+
 # --- real PyTorch snapshots, when the shared folder is there --------------------------------------
 shared=${GPUMEM_SHARED_TRACES:-$source_dir/../shared/traces}
 if [[ -f $shared/transformer-forward-bf16.pickle ]]; then

@@ -24,6 +24,7 @@
 #include "gpumem/error.hpp"
 #include "gpumem/report/memory_plot.hpp"
 #include "gpumem/trace/native_format.hpp"
+#include "gpumem/trace/pytorch_snapshot.hpp"
 #include "gpumem/trace/replay.hpp"
 #include "gpumem/trace/rmm_csv.hpp"
 #include "gpumem/trace/trace_io.hpp"
@@ -49,6 +50,7 @@ struct options {
   std::size_t min_memory_limit = std::size_t{1} << 40;
   std::string plot_path;
   std::string convert_path;
+  std::string export_path;
   bool json = false;
   bool verbose = false;
   bool costs = true;
@@ -82,6 +84,10 @@ void print_help() {
       "  --json                  print a JSON array, one object per configuration\n"
       "  --convert FILE          write the trace as a gpumem trace (or, for FILE.csv, as an RMM\n"
       "                          log) and exit\n"
+      "  --export-snapshot FILE  write the allocator's segments at the end (or at the\n"
+      "                          out-of-memory) and the replayed events, under the first\n"
+      "                          configuration, as a PyTorch memory snapshot pickle: open it at\n"
+      "                          https://pytorch.org/memory_viz\n"
       "  --snapshot-device N     the device of a PyTorch snapshot to replay (default 0)\n"
       "  --no-costs              charge no simulated time for device calls (default: typical\n"
       "                          figures for a datacenter GPU, see cost_model::typical)\n"
@@ -166,6 +172,9 @@ options parse_command_line(int argc, char** argv) {
     } else if (arg == "--convert") {
       o.convert_path = value();
       if (o.convert_path.empty()) usage_error("--convert needs a file name");
+    } else if (arg == "--export-snapshot") {
+      o.export_path = value();
+      if (o.export_path.empty()) usage_error("--export-snapshot needs a file name");
     } else if (arg == "--json") {
       no_value();
       o.json = true;
@@ -549,6 +558,24 @@ void write_plot(const options& o, const std::vector<config_run>& runs,
     throw std::system_error(errno, std::generic_category(), "cannot write '" + o.plot_path + "'");
 }
 
+void export_snapshot(const options& o, const config_run& run, const gpumem::compiled_trace& c) {
+  gpumem::replay_options ro;
+  ro.device_memory = o.device_memory;
+  ro.config = run.config;
+  ro.record_history = true;
+  if (!c.ops.empty()) ro.snapshot_after_event = c.ops.size() - 1;
+  const gpumem::replay_result r = gpumem::replay_trace(c, ro);
+  std::ofstream out(o.export_path, std::ios::binary);
+  if (!out) {
+    throw std::system_error(errno, std::generic_category(), "cannot write '" + o.export_path + "'");
+  }
+  gpumem::write_pytorch_snapshot(out, r.segments, r.history);
+  out.close();
+  if (!out) {
+    throw std::system_error(errno, std::generic_category(), "cannot write '" + o.export_path + "'");
+  }
+}
+
 int run(const options& o) {
   const auto read_start = std::chrono::steady_clock::now();
   const gpumem::allocation_trace trace = gpumem::read_trace(o.trace_path, o.snapshot_device);
@@ -621,6 +648,13 @@ int run(const options& o) {
   if (!o.plot_path.empty()) {
     write_plot(o, runs, compiled, trace);
     if (!o.json) fmt::print("\nplot: {}\n", o.plot_path);
+  }
+  if (!o.export_path.empty()) {
+    export_snapshot(o, runs.front(), compiled);
+    if (!o.json) {
+      fmt::print("\nsnapshot: {} (\"{}\"; open it at https://pytorch.org/memory_viz)\n",
+                 o.export_path, runs.front().text);
+    }
   }
   return 0;
 }

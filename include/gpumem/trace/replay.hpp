@@ -162,6 +162,9 @@ struct replay_options {
   bool record_samples = false;
   /// Keep the segments after this event (or at the OOM, whichever comes first).
   std::optional<std::size_t> snapshot_after_event;
+  /// Keep what the program did as a trace with the addresses this allocator handed out
+  /// (replay_result::history; with `segments`, what write_pytorch_snapshot exports).
+  bool record_history = false;
   /// Called every few ten thousand events with (events done, events in all); may be empty.
   std::function<void(std::size_t, std::size_t)> progress;
 };
@@ -184,6 +187,7 @@ struct replay_result {
   std::vector<replay_sample> samples;
   std::optional<std::size_t> snapshot_event;  ///< the event after which `segments` was taken
   std::vector<segment_snapshot<simulated_stream>> segments;
+  allocation_trace history;  ///< with replay_options::record_history, up to the OOM if any
 
   std::size_t device_alloc_calls() const noexcept { return calls.malloc + calls.mem_create; }
   std::size_t device_free_calls() const noexcept { return calls.free + calls.mem_release; }
@@ -191,6 +195,38 @@ struct replay_result {
     return wall_seconds > 0 ? static_cast<double>(events_replayed) / wall_seconds : 0.0;
   }
 };
+
+namespace detail {
+
+/// Appends what op `o` did to `history`, with the address the allocator under test handed out.
+inline void record(allocation_trace& history, const compiled_trace::op& o, void* ptr,
+                   const std::vector<simulated_stream>& streams) {
+  using op_kind = compiled_trace::op_kind;
+  const auto address = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(ptr));
+  const std::uint64_t stream = streams[o.stream].id;
+  switch (o.kind) {
+    case op_kind::alloc:
+      history.events.push_back({trace_event_kind::alloc, address, o.size, stream, no_time});
+      break;
+    case op_kind::release:
+      history.events.push_back({trace_event_kind::free_requested, address, o.size, 0, no_time});
+      break;
+    case op_kind::free:
+      history.events.push_back({trace_event_kind::free_completed, address, o.size, 0, no_time});
+      break;
+    case op_kind::release_free:
+      history.events.push_back({trace_event_kind::free_requested, address, o.size, 0, no_time});
+      history.events.push_back({trace_event_kind::free_completed, address, o.size, 0, no_time});
+      break;
+    case op_kind::record_stream:
+      history.events.push_back({trace_event_kind::record_stream, address, 0, stream, no_time});
+      break;
+    case op_kind::none:
+      break;
+  }
+}
+
+}  // namespace detail
 
 /// Replays `trace` on a fresh simulated device of options.device_memory bytes with a fresh
 /// caching_allocator. Running out of memory is a result, not an error. Throws config_error for a
@@ -252,6 +288,7 @@ inline replay_result replay_trace(const compiled_trace& trace, const replay_opti
           break;
       }
       if (r.oom_event_index) break;
+      if (options.record_history) detail::record(r.history, o, slots[o.slot], streams);
       if (options.record_samples) {
         const memory_usage u = alloc.usage();
         r.samples.push_back(replay_sample{i, requested, u.allocated, u.reserved});
@@ -265,6 +302,11 @@ inline replay_result replay_trace(const compiled_trace& trace, const replay_opti
     r.wall_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     r.events_replayed = i;
+    if (options.record_history) {
+      r.history.initial_events = std::min(trace.initial_events, i);
+      r.history.recorded_config = options.config.to_string();
+      r.history.source = "gpumem-replay";
+    }
     r.completed = !r.oom_event_index;
     if (r.oom_event_index && !r.snapshot_event) {
       r.segments = alloc.snapshot();
