@@ -1,4 +1,5 @@
-// gpumem — umbrella header: the allocator, its devices, configuration, statistics and reports.
+// gpumem — umbrella header: the allocator, its devices, configuration, statistics, reports and
+// the trace tools.
 #pragma once
 
 #include "gpumem/config.hpp"
@@ -11,3 +12,7 @@
 #include "gpumem/report/oom_report.hpp"
 #include "gpumem/stats.hpp"
 #include "gpumem/stats_io.hpp"
+#include "gpumem/trace/event.hpp"
+#include "gpumem/trace/recorder.hpp"
+#include "gpumem/trace/replay.hpp"
+#include "gpumem/trace/trace_io.hpp"
