@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "../bench/workload_traces.hpp"
 #include "gpumem/config.hpp"
 #include "gpumem/core/caching_allocator.hpp"
 #include "gpumem/device/simulated_device.hpp"
@@ -331,6 +332,40 @@ TEST(Recorder, StreamsTheNativeFormat) {
   const gpumem::replay_result r = replay(back, "policy:classic", std::uint64_t{1} << 30);
   EXPECT_TRUE(r.completed);
   EXPECT_EQ(static_cast<std::int64_t>(r.peak_allocated), alloc.stats().allocated_bytes[0].peak);
+}
+
+TEST(WorkloadTraces, ReplayingAWorkloadsTraceIsRunningTheWorkload) {
+  // The benchmark's workloads written down as traces replay to exactly what the workload does to
+  // the allocator when run directly.
+  for (const char* name : {"split_survivor_123548", "two_pass_weights", "llm_training_varlen"}) {
+    const gpumem::bench::workload_info* w = gpumem::bench::find_workload(name);
+    ASSERT_NE(w, nullptr) << name;
+    for (const char* config : {"policy:classic", "policy:stitch"}) {
+      gpumem::simulated_device device(std::size_t{80} << 30);
+      gpumem::caching_allocator<gpumem::simulated_device> alloc(
+          device, gpumem::allocator_config::parse(config));
+      std::vector<gpumem::simulated_stream> streams{device.default_stream()};
+      auto stream_of = [&](gpumem::bench::stream_id id) {
+        while (streams.size() <= id) streams.push_back(device.create_stream());
+        return streams[id];
+      };
+      gpumem::bench::workload_context ctx(gpumem::bench::allocator_ops{
+          [&](std::size_t bytes, gpumem::bench::stream_id s) {
+            return alloc.allocate(bytes, stream_of(s));
+          },
+          [&](void* p) { alloc.deallocate(p); },
+          [&](void* p, gpumem::bench::stream_id s) { alloc.record_stream(p, stream_of(s)); }});
+      w->run(ctx, 1);
+      const allocation_trace t = gpumem::bench::record_workload(*w, 1);
+      const gpumem::replay_result r = replay(t, config, std::uint64_t{80} << 30);
+      ASSERT_TRUE(r.completed) << name << " " << config;
+      EXPECT_EQ(r.peak_requested, ctx.peak_requested()) << name << " " << config;
+      EXPECT_EQ(static_cast<std::int64_t>(r.peak_reserved), alloc.stats().reserved_bytes[0].peak)
+          << name << " " << config;
+      EXPECT_EQ(static_cast<std::int64_t>(r.peak_allocated), alloc.stats().allocated_bytes[0].peak)
+          << name << " " << config;
+    }
+  }
 }
 
 }  // namespace

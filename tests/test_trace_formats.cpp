@@ -1,6 +1,7 @@
 // The trace event model, the native text format and RMM's CSV log: parsing, writing, round trips,
 // and the errors bad input gets.
 #include <cstdint>
+#include <filesystem>
 #include <random>
 #include <sstream>
 #include <string>
@@ -260,6 +261,22 @@ TEST(RmmCsv, BadRowsCarryTheByteOffset) {
   EXPECT_EQ(offset_of("Thread,When,Action\n"), 0u);
   EXPECT_EQ(offset_of(head + "1,00:00:01.0,free,0x10,8,0x0\n", &message), 0u);  // event 0
   EXPECT_NE(message.find("event 0"), std::string::npos) << message;
+}
+
+TEST(NativeFormat, EveryBundledTraceReadsAndRoundTrips) {
+  const std::filesystem::path dir =
+      std::filesystem::path(__FILE__).parent_path().parent_path() / "examples" / "traces";
+  if (!std::filesystem::is_directory(dir)) GTEST_SKIP() << dir << " is not there";
+  std::size_t files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".trace") continue;
+    ++files;
+    const allocation_trace t = gpumem::read_native_trace(entry.path().string());
+    EXPECT_GT(t.events.size(), 1000u) << entry.path();
+    EXPECT_EQ(t.source.rfind("trace_model.py ", 0), 0u) << entry.path();
+    EXPECT_EQ(gpumem::parse_native_trace(to_native(t)), t) << entry.path();
+  }
+  EXPECT_GE(files, 5u);
 }
 
 }  // namespace
