@@ -92,12 +92,16 @@ std::vector<void*> pin_segments(allocator& a) {
 }
 
 TEST(Stitch, UnderPressureSucceedsWhereClassicFails) {
-  simulated_device classic_dev{device_options(200 * MiB)};
+  // 200 MiB are live at the end of pin_segments. Classic holds exactly that (ten full segments);
+  // stitch packs each size class side by side, so the 9.5 + 9 MiB class and the 1.5 MiB class
+  // each end in a partly used page: it needs one page more.
+  constexpr std::size_t capacity = 202 * MiB;
+  simulated_device classic_dev{device_options(capacity)};
   allocator classic(classic_dev, config("policy:classic"));
   auto classic_keep = pin_segments(classic);
   EXPECT_THROW(classic.allocate(30 * MiB), gpumem::out_of_memory);
 
-  simulated_device dev{device_options(200 * MiB)};
+  simulated_device dev{device_options(capacity)};
   allocator a(dev, config("policy:stitch"));
   auto keep = pin_segments(a);
   const auto creates = dev.counters().mem_create;
@@ -105,8 +109,8 @@ TEST(Stitch, UnderPressureSucceedsWhereClassicFails) {
   EXPECT_NE(big, nullptr);
   EXPECT_EQ(dev.counters().mem_create, creates);  // no new physical memory
   EXPECT_GE(dev.counters().mem_unmap, 1u);
-  EXPECT_LE(reserved(a), static_cast<std::int64_t>(200 * MiB));
-  void* more = a.allocate(100 * MiB);  // still fits: 15 + 30 + 100 MiB live of 200
+  EXPECT_LE(reserved(a), static_cast<std::int64_t>(capacity));
+  void* more = a.allocate(100 * MiB);  // still fits: 15 + 30 + 100 MiB live of 202
   a.check_invariants();
   for (void* p : keep) a.deallocate(p);
   a.deallocate(big);
@@ -191,6 +195,72 @@ TEST(Stitch, ReservedStaysNearPeakRequestedWhenShapesChange) {
   }
   const auto peak_reserved = static_cast<double>(a.stats().reserved_bytes[0].peak);
   EXPECT_LE(peak_reserved, 1.10 * static_cast<double>(peak_requested));
+  a.check_invariants();
+}
+
+// Blocks of one size class are placed side by side in the class's address range and share the
+// pages at their edges: eight 24.5 MiB blocks take 98 pages, where a range of their own each would
+// end in a partly used page (8 x 13 pages, 208 MiB).
+TEST(Stitch, BlocksOfOneSizeClassShareTheirEdgePages) {
+  simulated_device dev{device_options(1 * GiB)};
+  allocator a(dev, config("policy:stitch"));
+  constexpr std::size_t size = 24 * MiB + 512 * KiB;
+  std::vector<void*> live;
+  for (int i = 0; i < 8; ++i) live.push_back(a.allocate(size));
+  for (int i = 1; i < 8; ++i) EXPECT_EQ(addr(live[i]), addr(live[i - 1]) + size);
+  EXPECT_EQ(a.stats().reserved_bytes[0].peak, static_cast<std::int64_t>(8 * size));  // 98 pages
+  a.check_invariants();
+  for (void* p : live) a.deallocate(p);
+}
+
+// The pattern of a transformer's forward pass: each layer keeps activations (1.125 and 4.5 MiB)
+// for the backward pass and frees its temporaries (1.5 and 3 MiB). Placed in allocation order, the
+// temporaries' free space would sit between kept blocks, in pages the kept blocks share, where it
+// cannot be unmapped (152 MiB held for 140 MiB live at the peak). With a range per size class the
+// temporaries' pages are whole, and the last request takes them over.
+TEST(Stitch, TemporariesDoNotPinPagesBetweenKeptBlocks) {
+  simulated_device dev{device_options(1 * GiB)};
+  allocator a(dev, config("policy:stitch"));
+  std::vector<void*> kept;
+  for (int layer = 0; layer < 16; ++layer) {
+    std::vector<void*> temporaries;
+    temporaries.push_back(a.allocate(1536 * KiB));
+    kept.push_back(a.allocate(1152 * KiB));
+    temporaries.push_back(a.allocate(3 * MiB));
+    kept.push_back(a.allocate(4608 * KiB));
+    temporaries.push_back(a.allocate(3 * MiB));
+    temporaries.push_back(a.allocate(1536 * KiB));
+    kept.push_back(a.allocate(1152 * KiB));
+    for (void* p : temporaries) a.deallocate(p);
+  }
+  kept.push_back(a.allocate(32 * MiB));  // peak requested: 16 x 6.75 + 32 = 140 MiB
+  EXPECT_EQ(a.stats().reserved_bytes[0].peak, static_cast<std::int64_t>(140 * MiB));
+  EXPECT_EQ(a.stats().requested_bytes[0].current, static_cast<std::int64_t>(140 * MiB));
+  a.check_invariants();
+  for (void* p : kept) a.deallocate(p);
+}
+
+// A training step's phases use different sizes one after the other (activations, then gradients).
+// Size classes whose blocks get freed borrow each other's free blocks, so the steady state makes
+// no device call and holds one phase's memory, not the sum of the phases.
+TEST(Stitch, PhasesOfDifferentSizesShareMemoryWithoutDeviceCalls) {
+  simulated_device dev{device_options(1 * GiB)};
+  allocator a(dev, config("policy:stitch"));
+  auto phase = [&](std::size_t size, int count) {
+    std::vector<void*> blocks;
+    for (int i = 0; i < count; ++i) blocks.push_back(a.allocate(size));
+    for (void* p : blocks) a.deallocate(p);
+  };
+  auto step = [&] {
+    phase(6 * MiB, 10);  // 60 MiB
+    phase(10 * MiB, 8);  // 80 MiB
+    phase(3 * MiB, 20);  // 60 MiB
+  };
+  for (int i = 0; i < 3; ++i) step();
+  const auto warm = dev.counters();
+  for (int i = 0; i < 10; ++i) step();
+  EXPECT_EQ(dev.counters(), warm);
+  EXPECT_EQ(a.stats().reserved_bytes[0].peak, static_cast<std::int64_t>(80 * MiB));
   a.check_invariants();
 }
 

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -62,12 +63,33 @@ struct pool {
   free_block_index<Stream> index;  // free mapped blocks
   // Unmapped blocks of this pool's VMM segments, lowest address first (touched on misses only).
   std::set<block<Stream>*, address_order<Stream>> unmapped;
+  std::size_t address_space = 0;  // bytes of address ranges its VMM segments hold
+  // Stitch class pools: a block of this size class has been freed (the class's blocks are not all
+  // long-lived), so the class may borrow free blocks of other such classes (borrow_block).
+  bool has_freed = false;
 };
 
 template <class Stream>
 struct stream_pools {
   pool<Stream> small;
-  pool<Stream> large;
+  pool<Stream> large;  // the large requests (stitch: only those above k_max_request, refused)
+  // Stitch: the large requests' pools, one per size class (stitch_size_class), made on first use.
+  std::array<pool<Stream>*, k_stitch_classes> by_class{};
+  std::vector<std::unique_ptr<pool<Stream>>> classes;  // the ones made, in creation order
+
+  /// Visits every pool of the stream: large, small, then the stitch classes.
+  template <class F>
+  void for_each(F&& f) {
+    f(large);
+    f(small);
+    for (auto& c : classes) f(*c);
+  }
+  template <class F>
+  void for_each(F&& f) const {
+    f(large);
+    f(small);
+    for (const auto& c : classes) f(static_cast<const pool<Stream>&>(*c));
+  }
 };
 
 }  // namespace detail
@@ -185,7 +207,7 @@ class caching_allocator {
     pool_type& p = pool_for(lookup_pools(stream), rounded);
     block_type* b = get_free_block(p, rounded);
     if (b == nullptr) b = allocate_new_block(p, size, rounded);
-    return alloc_found_block(b, p, rounded, size);
+    return alloc_found_block(b, *b->owner, rounded, size);  // stitch may borrow another pool's
   }
 
   /// allocate(size, device.default_stream()).
@@ -205,6 +227,9 @@ class caching_allocator {
     }
     b->allocated = false;
     const bool small = b->owner->is_small;
+    if (policy_ == allocator_policy::stitch && !small) {
+      pool_for(lookup_pools(b->owner->stream), b->size).has_freed = true;
+    }
     counts_.decrease(small, counter::allocation, 1);
     counts_.decrease(small, counter::allocated_bytes, as_i64(b->size));
     if (b->size >= config_.max_split_size) stats_.oversize_allocations.decrease(1);
@@ -415,8 +440,19 @@ class caching_allocator {
     return *(last_pools_ = stream_pools_.back().get());
   }
 
-  static pool_type& pool_for(pools_type& sp, std::size_t rounded) noexcept {
-    return detail::is_small_request(rounded) ? sp.small : sp.large;
+  GPUMEM_ALWAYS_INLINE pool_type& pool_for(pools_type& sp, std::size_t rounded) {
+    if (detail::is_small_request(rounded)) return sp.small;
+    if (policy_ != allocator_policy::stitch) return sp.large;
+    pool_type* p = sp.by_class[detail::stitch_size_class(rounded)];
+    return p != nullptr ? *p : make_class_pool(sp, rounded);
+  }
+
+  pool_type& make_class_pool(pools_type& sp, std::size_t rounded) {
+    sp.classes.push_back(std::make_unique<pool_type>());
+    pool_type* p = sp.classes.back().get();
+    p->stream = sp.small.stream;
+    sp.by_class[detail::stitch_size_class(rounded)] = p;
+    return *p;
   }
 
   std::uint64_t& gc_counter(const pool_type& p) noexcept { return gc_calls_[p.is_small ? 0 : 1]; }
@@ -432,14 +468,17 @@ class caching_allocator {
   GPUMEM_ALWAYS_INLINE block_type* get_free_block(pool_type& p, std::size_t rounded) {
     if (gc_enabled()) ++gc_counter(p);
     block_type* b = p.index.lower_bound(rounded);
-    if (b == nullptr) return nullptr;
-    const std::size_t max_split = config_.max_split_size;
-    // A request below max_split_size never takes an oversize block...
-    if (rounded < max_split && b->size >= max_split) return nullptr;
-    // ...and an oversize request takes one only if it wastes less than max_non_split_rounding.
-    if (rounded >= max_split && b->size >= rounded + config_.max_non_split_rounding) return nullptr;
+    if (b == nullptr || oversize_refuses(b->size, rounded)) return nullptr;
     p.index.erase(b);
     return b;
+  }
+
+  GPUMEM_ALWAYS_INLINE bool oversize_refuses(std::size_t block_size, std::size_t rounded) const {
+    const std::size_t max_split = config_.max_split_size;
+    // A request below max_split_size never takes an oversize block...
+    if (rounded < max_split && block_size >= max_split) return true;
+    // ...and an oversize request takes one only if it wastes less than max_non_split_rounding.
+    return rounded >= max_split && block_size >= rounded + config_.max_non_split_rounding;
   }
 
   // PyTorch's miss path: GC, then the device, then free one oversize block and retry, then free
@@ -522,11 +561,11 @@ class caching_allocator {
     }
     std::vector<block_type*> whole;
     for (auto& sp : stream_pools_) {
-      for (pool_type* p : {&sp->large, &sp->small}) {
-        p->index.for_each([&](block_type* b) {
+      sp->for_each([&](pool_type& p) {
+        p.index.for_each([&](block_type* b) {
           if (!b->is_split()) whole.push_back(b);
         });
-      }
+      });
     }
     for (block_type* b : whole) release_block(b);
   }
@@ -723,10 +762,24 @@ class caching_allocator {
   // growing by pages of 2 MiB (small pool) or large_segment_size (large pool); unused pages are
   // unmapped and released on empty_cache and on the out-of-memory retry.
   //
-  // stitch: a range per miss, sized as the classic policy would size the segment, backed by pages
-  // of the device's granularity. The pages for a miss are first taken from free cached blocks
-  // anywhere (unmapped there, mapped here), and only then created: reserved memory grows only when
-  // the free cached pages cannot serve the request. Cache hits never touch the device.
+  // stitch: pages of the device's granularity. The small pool, and each size class of the large
+  // requests (stitch_size_class: four per power of two), is a pool of its own per stream, with
+  // address ranges of its own (1 GiB or more of addresses, no memory) into which it grows a page at
+  // a time. A cache hit is the best fit in the request's pool and never touches the device. A miss
+  // first borrows a free block of another class when both classes have freed blocks before
+  // (borrow_block), else grows its class's range: the pages are first taken from free cached blocks
+  // of any pool (unmapped there, mapped here), and only then created, so reserved memory grows only
+  // when the free cached pages cannot serve the request.
+  //
+  // Why size classes: only whole pages can move, so the cost of a free gap is the partly used pages
+  // at its edges. Blocks of one size tend to live alike (a layer's saved activations, its
+  // temporaries); kept apart from other sizes, a class's blocks sit side by side and share their
+  // edge pages, and the space other sizes leave free is in whole pages that the next miss can take.
+  // Placed in allocation order instead, short-lived blocks leave sub-page gaps between long-lived
+  // ones that pin pages (3-4% of the peak on a transformer's forward pass). The price: each class
+  // with live blocks may end in a partly used page. Borrowing between classes whose blocks do get
+  // freed lets a training loop's steady state reuse one phase's memory in the next (activations,
+  // then gradients, then optimizer temporaries) without moving pages back and forth every step.
 
   bool vmm_policy() const noexcept { return policy_ != allocator_policy::classic; }
 
@@ -748,11 +801,20 @@ class caching_allocator {
 
   static bool is_out_of_memory(const cuda_error& e) noexcept { return e.code() == 2; }
 
+  static constexpr std::size_t k_stitch_min_range = std::size_t{1024} << 20;
+
   // Miss path of the VMM policies: the same retry order as classic (PyTorch releases the whole
-  // cache, unmapping free pages, before its one retry).
+  // cache, unmapping free pages, before its one retry). Stitch's large requests first borrow from
+  // another class (if theirs has freed blocks), and borrow any block that fits when growing fails,
+  // before the cache is given up.
   block_type* vmm_allocate_new_block(pool_type& p, std::size_t size, std::size_t rounded) {
+    const bool stitch_large = policy_ == allocator_policy::stitch && !p.is_small;
+    if (stitch_large && p.has_freed) {
+      if (block_type* b = borrow_block(p, rounded, false)) return b;
+    }
     bool fraction_refused = false;
     block_type* b = vmm_alloc_block(p, rounded, false, fraction_refused);
+    if (b == nullptr && stitch_large) b = borrow_block(p, rounded, true);
     if (b == nullptr) {
       release_cached_blocks();
       b = vmm_alloc_block(p, rounded, true, fraction_refused);
@@ -762,6 +824,32 @@ class caching_allocator {
     return b;
   }
 
+  // Stitch: a free block of another size class of p's stream for a request of class pool p, taken
+  // out of its pool's index (it stays in that pool: its remainder goes back there), or nullptr.
+  // Normally only between classes that have freed blocks before (a class whose blocks were never
+  // freed holds long-lived data: a short-lived block placed among them, or one of them placed
+  // among short-lived blocks, would leave gaps that pin partly used pages), and only a block that
+  // fits exactly or leaves at least a page (not a sliver that no large request can use); the exact
+  // fit first, else the smallest. As a last resort before giving up the cache: the best fit.
+  block_type* borrow_block(pool_type& p, std::size_t rounded, bool last_resort) {
+    pools_type& sp = lookup_pools(p.stream);
+    const std::size_t roomy = rounded + granularity_;
+    block_type* best = nullptr;
+    for (auto& c : sp.classes) {
+      if (c.get() == &p || (!last_resort && !c->has_freed)) continue;
+      block_type* b = c->index.lower_bound(rounded);
+      if (b != nullptr && b->size != rounded && !last_resort) b = c->index.lower_bound(roomy);
+      if (b == nullptr || oversize_refuses(b->size, rounded)) continue;
+      const bool exact = b->size == rounded;
+      if (best == nullptr || exact > (best->size == rounded) ||
+          (exact == (best->size == rounded) && b->size < best->size)) {
+        best = b;
+      }
+    }
+    if (best != nullptr) best->owner->index.erase(best);
+    return best;
+  }
+
   // PyTorch's try_allocate_expandable_block, over every VMM segment of the pool: find free address
   // space, map what is unmapped in it, and return one free mapped block of at least `rounded`.
   block_type* vmm_alloc_block(pool_type& p, std::size_t rounded, bool is_retry,
@@ -769,22 +857,27 @@ class caching_allocator {
     if constexpr (is_vmm_device_v<Device>) {
       if (is_retry) ++stats_.num_alloc_retries;
       fraction_refused = false;
-      block_type* c = find_vmm_candidate(p, rounded);
+      std::uintptr_t hi = 0;
+      block_type* c = find_vmm_candidate(p, rounded, hi);
       segment_type* fresh = nullptr;
       if (c == nullptr) {
         const std::size_t page = vmm_page_size(p);
-        const std::size_t seg_size =
-            policy_ == allocator_policy::expandable
-                ? round_up(device_.total_memory() + device_.total_memory() / 8, page)
-                : round_up(detail::allocation_size(rounded, config_.large_segment_size), page);
-        fresh = create_vmm_segment(p, seg_size, page);
+        const std::size_t needed = round_up(rounded, page);
+        if (policy_ == allocator_policy::expandable) {
+          fresh = create_vmm_segment(
+              p, round_up(device_.total_memory() + device_.total_memory() / 8, page), page);
+        } else {
+          const std::size_t seg_size = stitch_range_size(p, needed);
+          fresh = create_vmm_segment(p, seg_size, page);
+          if (fresh == nullptr && seg_size > needed) fresh = create_vmm_segment(p, needed, page);
+        }
         if (fresh == nullptr) return nullptr;
         c = fresh->head;
+        hi = c->ptr + c->size;
       }
-      // Stealing never takes pages from the segment being assembled: unmapping there could merge
-      // into (and free) the blocks this loop holds.
-      const std::uintptr_t lo = c->seg->ptr;
-      const std::uintptr_t hi = c->seg->ptr + c->seg->size;
+      // Stealing never takes pages from the run of blocks being assembled, [lo, hi), nor from a
+      // block touching it: unmapping there could merge into (and free) the blocks this loop holds.
+      const std::uintptr_t lo = c->ptr;
       bool ok = c->mapped || map_block(c, std::min(c->size, rounded), lo, hi, fraction_refused);
       while (ok && c->size < rounded) {
         block_type* next = c->next;  // unmapped: free mapped neighbours are always merged
@@ -804,17 +897,31 @@ class caching_allocator {
   }
 
   // The lowest-address unmapped block (with the free block before it) that starts a run of free
-  // blocks long enough for `size`.
-  block_type* find_vmm_candidate(pool_type& p, std::size_t size) const {
+  // blocks long enough for `size`; `end` is set to the end of the run's last block.
+  block_type* find_vmm_candidate(pool_type& p, std::size_t size, std::uintptr_t& end) const {
     for (block_type* u : p.unmapped) {
       block_type* c = allocatable(u->prev) ? u->prev : u;
       std::size_t bytes = 0;
       for (block_type* b = c; b != nullptr && bytes < size && allocatable(b); b = b->next) {
         bytes += b->size;
       }
-      if (bytes >= size) return c;
+      if (bytes >= size) {
+        end = c->ptr + bytes;
+        return c;
+      }
     }
     return nullptr;
+  }
+
+  // Stitch: the address range a class pool reserves when no range of it has room for `needed`
+  // bytes. Ranges only cost address space, so each new one is as large as all the pool's ranges
+  // together (at least k_stitch_min_range, at most the device), and a size class rarely needs more
+  // than a few: a class's blocks sit side by side, sharing the pages at their edges.
+  std::size_t stitch_range_size(const pool_type& p, std::size_t needed) const noexcept {
+    const std::size_t page = granularity_;
+    const std::size_t cap = round_up(device_.total_memory(), page);
+    const std::size_t size = std::min(std::max(p.address_space, k_stitch_min_range), cap);
+    return std::max(round_up(size, page), needed);
   }
 
   void link_segment(segment_type* s) noexcept {
@@ -854,6 +961,7 @@ class caching_allocator {
     b->mapped = false;
     s->head = b;
     p.unmapped.insert(b);
+    p.address_space += size;
     counts_.increase(p.is_small, counter::segment, 1);
     return s;
   }
@@ -865,6 +973,7 @@ class caching_allocator {
     p.unmapped.erase(b);
     block_pool_.destroy(b);
     device_.free_address(s->ptr, s->size);
+    p.address_space -= s->size;
     counts_.decrease(p.is_small, counter::segment, 1);
     unlink_segment(s);
     segment_pool_.destroy(s);
@@ -914,8 +1023,9 @@ class caching_allocator {
     }
   }
 
-  // Unmaps up to `count` whole pages from free mapped blocks outside [lo, hi), largest first, and
-  // hands their physical allocations over in `out`.
+  // Unmaps up to `count` whole pages from free mapped blocks outside [lo, hi), and not touching it
+  // within its segment (the run of blocks a miss is assembling there), largest first, and hands
+  // their physical allocations over in `out`.
   void steal_pages(std::size_t count, std::uintptr_t lo, std::uintptr_t hi,
                    std::vector<std::uint64_t>& out) {
     struct victim {
@@ -924,12 +1034,14 @@ class caching_allocator {
     };
     std::vector<victim> victims;
     for (auto& sp : stream_pools_) {
-      for (pool_type* q : {&sp->large, &sp->small}) {
-        q->index.for_each([&](block_type* b) {
-          if (b->ptr < hi && b->ptr + b->size > lo) return;
+      sp->for_each([&](pool_type& q) {
+        q.index.for_each([&](block_type* b) {
+          const segment_type* s = b->seg;
+          const bool run_segment = lo >= s->ptr && lo < s->ptr + s->size;
+          if (run_segment && b->ptr <= hi && b->ptr + b->size >= lo) return;
           if (const std::size_t n = interior_pages(b)) victims.push_back({b, n});
         });
-      }
+      });
     }
     std::sort(victims.begin(), victims.end(), [](const victim& a, const victim& b) {
       return a.pages != b.pages ? a.pages > b.pages : a.block->ptr < b.block->ptr;
@@ -1064,11 +1176,11 @@ class caching_allocator {
   void release_vmm_cache() {
     std::vector<block_type*> free_blocks;
     for (auto& sp : stream_pools_) {
-      for (pool_type* p : {&sp->large, &sp->small}) {
-        p->index.for_each([&](block_type* b) {
+      sp->for_each([&](pool_type& p) {
+        p.index.for_each([&](block_type* b) {
           if (interior_pages(b) > 0) free_blocks.push_back(b);
         });
-      }
+      });
     }
     for (block_type* b : free_blocks) {
       unmap_pages(b, std::numeric_limits<std::size_t>::max(), true, nullptr);
@@ -1157,9 +1269,9 @@ class caching_allocator {
   std::size_t largest_free_block() const noexcept {
     std::size_t largest = 0;
     for (const auto& sp : stream_pools_) {
-      for (const pool_type* p : {&sp->large, &sp->small}) {
-        if (const block_type* b = p->index.largest()) largest = std::max(largest, b->size);
-      }
+      static_cast<const pools_type&>(*sp).for_each([&](const pool_type& p) {
+        if (const block_type* b = p.index.largest()) largest = std::max(largest, b->size);
+      });
     }
     return largest;
   }
@@ -1182,10 +1294,10 @@ class caching_allocator {
     n.largest_free_block_bytes = largest_free_block();
     n.device = device_.index();
     for (const auto& sp : stream_pools_) {
-      for (const pool_type* q : {&sp->large, &sp->small}) {
-        n.free_cached_bytes += q->index.bytes();
-        f.free_cached_blocks += q->index.size();
-      }
+      static_cast<const pools_type&>(*sp).for_each([&](const pool_type& q) {
+        n.free_cached_bytes += q.index.bytes();
+        f.free_cached_blocks += q.index.size();
+      });
     }
     if (const block_type* b = p.index.largest()) f.largest_free_block_in_pool = b->size;
     f.fraction_set = fraction_set_;
@@ -1230,6 +1342,18 @@ class caching_allocator {
         }
       }
     }
+  }
+
+  const pools_type* lookup_pools_const(stream_type stream) const {
+    for (const auto& sp : stream_pools_) {
+      if (sp->small.stream == stream) return sp.get();
+    }
+    return nullptr;
+  }
+
+  const pool_type* class_pool_of(stream_type stream, std::size_t size) const {
+    const pools_type* sp = lookup_pools_const(stream);
+    return sp != nullptr ? sp->by_class[detail::stitch_size_class(size)] : nullptr;
   }
 
   void check_invariants_locked() const {
@@ -1278,6 +1402,12 @@ class caching_allocator {
           if (allocated_.find(b->ptr) != b) fail("allocated block missing from the pointer map");
           if (b->indexed) fail("allocated block is in the free index");
           if (b->size >= config_.max_split_size) ++oversize_allocs;
+          if (policy_ == allocator_policy::stitch && !b->owner->is_small &&
+              (class_pool_of(b->owner->stream, b->size) == nullptr ||
+               b->owner == &lookup_pools_const(b->owner->stream)->large)) {
+            fail(fmt::format("block {:#x} of {} B is outside the size class pools", b->ptr,
+                             b->size));
+          }
         }
         if (is_free) {
           if (!b->indexed) fail(fmt::format("free block {:#x} is not indexed", b->ptr));
@@ -1315,20 +1445,31 @@ class caching_allocator {
     if (allocated_blocks != allocated_.size())
       fail("pointer map holds blocks that are not allocated");
     std::size_t index_total = 0;
+    std::size_t unmapped_listed = 0;
     for (const auto& sp : stream_pools_) {
-      for (const pool_type* p : {&sp->large, &sp->small}) {
-        index_total += p->index.size();
-        p->index.for_each([&](const block_type* b) {
-          if (b->owner != p) fail("block indexed in a foreign pool");
+      static_cast<const pools_type&>(*sp).for_each([&](const pool_type& p) {
+        index_total += p.index.size();
+        p.index.for_each([&](const block_type* b) {
+          if (b->owner != &p) fail("block indexed in a foreign pool");
         });
+        unmapped_listed += p.unmapped.size();
+        std::size_t address_space = 0;
+        for (const segment_type* s = segments_; s != nullptr; s = s->next) {
+          if (s->owner == &p && s->page_size != 0) address_space += s->size;
+        }
+        if (address_space != p.address_space) fail("pool's address space total is wrong");
+      });
+      if (policy_ == allocator_policy::stitch &&
+          (!sp->large.index.empty() || sp->large.address_space != 0))
+        fail("stitch serves large requests from the class pools only");
+      for (std::size_t c = 0; c < sp->by_class.size(); ++c) {
+        const pool_type* p = sp->by_class[c];
+        if (p != nullptr && (p->is_small || p->stream != sp->small.stream))
+          fail("class pool of the wrong kind or stream");
       }
     }
     if (index_total != indexed_blocks) fail("free index holds blocks that are not free");
-    std::size_t unmapped_listed = 0;
     std::size_t unmapped_blocks = 0;
-    for (const auto& sp : stream_pools_) {
-      for (const pool_type* p : {&sp->large, &sp->small}) unmapped_listed += p->unmapped.size();
-    }
     for (const segment_type* s = segments_; s != nullptr; s = s->next) {
       for (const block_type* b = s->head; b != nullptr; b = b->next)
         unmapped_blocks += b->mapped ? 0 : 1;

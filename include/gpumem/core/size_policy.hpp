@@ -3,6 +3,7 @@
 // round_size: what a request becomes before it is looked up (512 B granules, or power-of-two
 // divisions); allocation_size: how large a segment is obtained for a request that misses the
 // cache; should_split: whether the remainder of a larger cached block is kept as a free block.
+// stitch_size_class: the stitch policy's size classes, one pool per class.
 #pragma once
 
 #include <cstddef>
@@ -58,6 +59,21 @@ inline constexpr std::size_t allocation_size(
   if (rounded <= k_small_size) return k_small_buffer;
   if (rounded < k_min_large_alloc) return large_segment_size;
   return k_round_large * ((rounded + k_round_large - 1) / k_round_large);
+}
+
+/// The stitch policy's size classes of large requests (rounded > 1 MiB): four per power of two,
+/// [2^k, 1.25 x 2^k), [1.25 x 2^k, 1.5 x 2^k), [1.5 x 2^k, 1.75 x 2^k), [1.75 x 2^k, 2^(k+1)).
+/// Stitch keeps a pool, with address ranges of its own, per stream and class.
+inline constexpr std::size_t k_stitch_class_bits = 2;
+inline constexpr std::size_t k_stitch_classes =
+    (floor_log2(k_max_request) - floor_log2(k_small_size) + 1) << k_stitch_class_bits;
+
+/// The stitch size class of a rounded large request (k_small_size < rounded <= k_max_request).
+inline constexpr std::size_t stitch_size_class(std::size_t rounded) noexcept {
+  const std::size_t level = floor_log2(rounded);
+  const std::size_t sub =
+      (rounded >> (level - k_stitch_class_bits)) & ((std::size_t{1} << k_stitch_class_bits) - 1);
+  return ((level - floor_log2(k_small_size)) << k_stitch_class_bits) | sub;
 }
 
 /// Whether a cached block of `block_size` serving `rounded` keeps its remainder as a free block.
