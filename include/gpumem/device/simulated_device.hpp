@@ -575,7 +575,8 @@ class simulated_device {
   /// (error_invalid_handle), device unchanged, for an unknown or already released handle.
   void release_physical(physical_handle handle) {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto p = find_live_handle_locked(handle, fmt::format("cuMemRelease(handle={})", handle));
+    auto p = find_live_handle_locked(
+        handle, [&] { return fmt::format("cuMemRelease(handle={})", handle); });
     if (p->second.mappings == 0) {
       in_use_ -= p->second.size;
       physical_.erase(p);
@@ -600,7 +601,7 @@ class simulated_device {
     check_granular_locked(size, "size", call);
     check_aligned_locked(va, "va", call);
     check_aligned_locked(offset, "offset", call);
-    auto p = find_live_handle_locked(handle, call());
+    auto p = find_live_handle_locked(handle, call);
     if (offset > p->second.size || size > p->second.size - offset) {
       fail(error_invalid_value,
            fmt::format("{}: offset + size exceeds the handle's {} bytes", call(), p->second.size));
@@ -967,18 +968,22 @@ class simulated_device {
     }
   }
 
+  // `call` names the call in error messages; it is only evaluated on an error (a replay makes
+  // millions of these calls).
+  template <class Call>
   std::unordered_map<physical_handle, physical_record>::iterator find_live_handle_locked(
-      physical_handle handle, const std::string& call) {
+      physical_handle handle, const Call& call) {
     auto p = physical_.find(handle);
     if (p == physical_.end()) {
       fail(error_invalid_handle,
-           fmt::format("{}: unknown physical handle (never created, or released and freed)", call));
+           fmt::format("{}: unknown physical handle (never created, or released and freed)",
+                       call()));
     }
     if (p->second.released) {
       fail(error_invalid_handle,
            fmt::format("{}: the handle was already released (its memory is freed when its last "
                        "mapping is unmapped)",
-                       call));
+                       call()));
     }
     return p;
   }
