@@ -1,7 +1,12 @@
 // Tests for gpumem::allocator_config. Expected PyTorch behaviour was checked against the real
 // PyTorch 2.11.0 parser (libc10.so / libc10_cuda.so of the 2.11.0 wheel); where gpumem is
 // deliberately stricter, the test says so.
+// size_units.hpp first: its namespace-scope kib/mib/gib must not be shadowed by config.hpp
+// (-Wshadow -Werror).
+#include "gpumem/detail/size_units.hpp"
+// clang-format off
 #include "gpumem/config.hpp"
+// clang-format on
 
 #include <gtest/gtest.h>
 

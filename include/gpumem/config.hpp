@@ -206,8 +206,8 @@ inline constexpr std::size_t max_whole_mib = std::numeric_limits<std::size_t>::m
 
 // PyTorch caps a MiB count at SIZE_MAX / 1 MiB before converting, so huge values mean "no limit"
 // rather than an overflow.
-inline std::size_t clamped_mib_to_bytes(std::uint64_t mib) noexcept {
-  return static_cast<std::size_t>(std::min<std::uint64_t>(mib, max_whole_mib)) * config_mib;
+inline std::size_t clamped_mib_to_bytes(std::uint64_t in_mib) noexcept {
+  return static_cast<std::size_t>(std::min<std::uint64_t>(in_mib, max_whole_mib)) * config_mib;
 }
 
 inline const config_token& single_value(const config_entry& entry, config_source source) {
@@ -286,15 +286,15 @@ inline void apply_config_entry(allocator_config& config, const config_entry& ent
   if (key == "large_segment_size_mb") {
     return;
   } else if (key == "max_split_size_mb" || key == "max_non_split_rounding_mb") {
-    const std::uint64_t mib = uint_value();
+    const std::uint64_t in_mib = uint_value();
     // PyTorch 2.11: both must be >= large_segment_size_mb (20 by default), so 20 is accepted.
     const std::size_t min_mib = config.large_segment_size / config_mib;
-    if (mib < min_mib) {
+    if (in_mib < min_mib) {
       fail("must be at least " + std::to_string(min_mib) +
            " (MiB, the large segment size), as PyTorch 2.11 requires");
     }
     (key == "max_split_size_mb" ? config.max_split_size : config.max_non_split_rounding) =
-        clamped_mib_to_bytes(mib);
+        clamped_mib_to_bytes(in_mib);
   } else if (key == "roundup_power2_divisions") {
     apply_roundup_power2_divisions(config, entry, source);
   } else if (key == "garbage_collection_threshold") {
@@ -322,10 +322,10 @@ inline void apply_config_entry(allocator_config& config, const config_entry& ent
   } else if (key == "pinned_use_background_threads") {
     config.pinned_use_background_threads = bool_value();
   } else if (key == "pinned_reserve_segment_size_mb") {
-    const std::uint64_t mib = uint_value();
-    if (mib == 0) fail("must be greater than 0");
-    if (mib > max_whole_mib) fail("too large: the size in bytes does not fit in size_t");
-    config.pinned_reserve_segment_size = static_cast<std::size_t>(mib) * config_mib;
+    const std::uint64_t in_mib = uint_value();
+    if (in_mib == 0) fail("must be greater than 0");
+    if (in_mib > max_whole_mib) fail("too large: the size in bytes does not fit in size_t");
+    config.pinned_reserve_segment_size = static_cast<std::size_t>(in_mib) * config_mib;
   } else if (key == "backend") {
     const std::string& name = single_value(entry, source).text;
     if (name != "native" && name != "cudaMallocAsync") fail("expected native or cudaMallocAsync");
@@ -371,8 +371,9 @@ inline allocator_config parse_config(std::string_view text, allocator_config con
   const config_entry* segment_entry = nullptr;
   for (const config_entry& entry : entries) {
     if (entry.key.text != "large_segment_size_mb") continue;
-    const std::uint64_t mib = read_config_uint(single_value(entry, source), entry.key.text, source);
-    if (mib <= 10) {
+    const std::uint64_t in_mib =
+        read_config_uint(single_value(entry, source), entry.key.text, source);
+    if (in_mib <= 10) {
       throw_invalid_value(source, entry.key.text, entry.value_text, entry.value.position,
                           "must be greater than 10 (MiB, the large-allocation threshold)");
     }
