@@ -8,7 +8,26 @@
 #include <string>
 #include <type_traits>
 
+#include "gpumem/core/caching_allocator.hpp"
 #include "gpumem/device/simulated_device.hpp"
+
+// The allocator's public interface compiles over the CUDA runtime device (a device without VMM:
+// the VMM code paths must not be instantiated for it). Compiled, not run.
+[[maybe_unused]] void allocator_over_cuda_device_compiles(gpumem::cuda_device& device) {
+  gpumem::caching_allocator<gpumem::cuda_device> a(device, gpumem::allocator_config{});
+  void* p = a.allocate(1, device.default_stream());
+  a.record_stream(p, device.default_stream());
+  a.deallocate(p);
+  a.empty_cache();
+  a.set_memory_fraction(0.5);
+  a.reset_peak_stats();
+  a.reset_accumulated_stats();
+  (void)a.stats();
+  (void)a.usage();
+  (void)a.snapshot();
+  (void)a.memory_summary();
+  a.check_invariants();
+}
 
 namespace {
 

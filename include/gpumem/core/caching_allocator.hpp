@@ -968,15 +968,19 @@ class caching_allocator {
 
   // Frees the address range of a segment with nothing mapped.
   void destroy_vmm_segment(segment_type* s) {
-    pool_type& p = *s->owner;
-    block_type* b = s->head;
-    p.unmapped.erase(b);
-    block_pool_.destroy(b);
-    device_.free_address(s->ptr, s->size);
-    p.address_space -= s->size;
-    counts_.decrease(p.is_small, counter::segment, 1);
-    unlink_segment(s);
-    segment_pool_.destroy(s);
+    if constexpr (is_vmm_device_v<Device>) {
+      pool_type& p = *s->owner;
+      block_type* b = s->head;
+      p.unmapped.erase(b);
+      block_pool_.destroy(b);
+      device_.free_address(s->ptr, s->size);
+      p.address_space -= s->size;
+      counts_.decrease(p.is_small, counter::segment, 1);
+      unlink_segment(s);
+      segment_pool_.destroy(s);
+    } else {
+      (void)s;  // VMM segments exist only on VMM devices
+    }
   }
 
   // Inserts a new block between `before` (may be null) and `after` (may be null) of segment s.
