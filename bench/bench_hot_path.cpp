@@ -3,12 +3,12 @@
 //
 //   build/bench/gpumem_bench_hot_path --benchmark_repetitions=5 --benchmark_report_aggregates_only
 #include <cstdlib>
-#include <random>
 #include <vector>
 
 #include <benchmark/benchmark.h>
 
 #include "gpumem/gpumem.hpp"
+#include "mixed_sizes.hpp"
 
 namespace {
 
@@ -28,35 +28,7 @@ allocator& shared_allocator() {
   return a;
 }
 
-// A mixed stream: mostly small and medium tensors, some large, as in a training step.
-const std::vector<std::size_t>& mixed_sizes() {
-  static const std::vector<std::size_t> sizes = [] {
-    std::mt19937_64 rng(1);
-    std::vector<std::size_t> s(4096);
-    for (auto& v : s) {
-      switch (rng() % 8) {
-        case 0:
-        case 1:
-        case 2:
-          v = 1 + rng() % 4096;
-          break;
-        case 3:
-        case 4:
-          v = 4096 + rng() % (1u << 20);
-          break;
-        case 5:
-        case 6:
-          v = (1u << 20) + rng() % (16u << 20);
-          break;
-        default:
-          v = (16u << 20) + rng() % (256u << 20);
-          break;
-      }
-    }
-    return s;
-  }();
-  return sizes;
-}
+using gpumem_bench::mixed_sizes;
 
 void gpumem_pair(benchmark::State& state) {
   allocator& a = shared_allocator();

@@ -69,6 +69,18 @@ run 2 "$work/survivor.trace" "$work/survivor.trace"
 expect_in "$err" "one trace at a time" "two traces"
 run 2 "$work/survivor.trace" --progress sometimes
 expect_in "$err" "auto, always or never" "bad --progress"
+run 2 "$work/survivor.trace" --allocator jemalloc
+expect_in "$err" "--allocator must be gpumem, pytorch or cub" "bad --allocator"
+run 2 "$work/survivor.trace" --allocator cub --plot "$work/plot.svg"
+expect_in "$err" "--plot is only for --allocator gpumem" "--plot with a peer"
+run 2 "$work/survivor.trace" --allocator pytorch --export-snapshot "$work/s.pickle"
+expect_in "$err" "--export-snapshot is only for --allocator gpumem" "--export-snapshot with a peer"
+GPUMEM_REPLAY_PEER="$work/no-such-peer" run 2 "$work/survivor.trace" --allocator pytorch
+expect_in "$err" "needs gpumem-replay-peer.*not found.*tools/setup_torch.sh" "missing peer"
+GPUMEM_REPLAY_PEER="$work/no-such-peer" run 2 "$work/survivor.trace" --allocator cub
+expect_in "$err" "needs gpumem-replay-peer.*not found" "missing peer (cub)"
+run 0 "$work/survivor.trace" --device-memory 100MiB --allocator gpumem --config policy:classic
+expect_in "$out" "allocator gpumem, policy classic" "--allocator gpumem is the default"
 
 # --- unreadable and malformed traces ------------------------------------------------------------
 run 1 "$work/missing.trace"

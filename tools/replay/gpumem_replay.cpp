@@ -4,17 +4,24 @@
 //
 // Exit status: 0 when the replays ran (whether or not they ran out of memory), 1 when a trace
 // could not be read or a replay failed, 2 for a bad command line.
+#include <poll.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <fstream>
+#include <map>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -33,15 +40,25 @@
 #define GPUMEM_VERSION "unknown"
 #endif
 
+extern char** environ;
+
 namespace {
 
 constexpr std::string_view default_compare[] = {"policy:classic", "policy:expandable",
                                                 "policy:stitch"};
+constexpr std::string_view default_compare_pytorch[] = {"", "expandable_segments:True"};
+constexpr std::string_view default_compare_cub[] = {""};
+
+constexpr std::string_view peer_name = "gpumem-replay-peer";
+constexpr std::string_view enable_pytorch =
+    "to enable it: `bash tools/setup_torch.sh`, then configure gpumem with "
+    "-DGPUMEM_TORCH_PYTHON=.venv-torch/bin/python and rebuild";
 
 enum class progress_mode { automatic, always, never };
 
 struct options {
   std::string trace_path;
+  std::string allocator = "gpumem";  // gpumem, pytorch or cub
   std::size_t device_memory = std::size_t{80} << 30;
   bool device_memory_given = false;
   std::vector<std::string> configs;  // as given, in order
@@ -68,6 +85,13 @@ void print_help() {
       "memory event log (logging_resource_adaptor CSV); the format is recognised by its content.\n"
       "\n"
       "options:\n"
+      "  --allocator gpumem|pytorch|cub\n"
+      "                          the caching allocator to replay on (default gpumem). pytorch:\n"
+      "                          PyTorch's own CUDACachingAllocator (libc10_cuda.so), cub: CUB's\n"
+      "                          CachingDeviceAllocator, both running on the gpumem CUDA\n"
+      "                          simulator in a child process (gpumem-replay-peer); their\n"
+      "                          --config is their own (pytorch: PYTORCH_CUDA_ALLOC_CONF syntax;\n"
+      "                          cub: bin_growth:N,min_bin:N,max_bin:N,max_cached_bytes:SIZE)\n"
       "  --device-memory SIZE    simulated device size, e.g. 80GiB, 24GiB, 1536MiB (default\n"
       "                          80GiB; binary units: K/KiB, M/MiB, G/GiB, T/TiB)\n"
       "  --config CONFIG         the allocator configuration, PYTORCH_CUDA_ALLOC_CONF syntax plus\n"
@@ -103,6 +127,8 @@ void print_help() {
       "  gpumem-replay run.trace --device-memory 16GiB --compare policy:classic policy:stitch \\\n"
       "      --plot memory.svg\n"
       "  gpumem-replay run.trace --compare --find-min-memory --json\n"
+      "  gpumem-replay run.trace --allocator pytorch --compare \"\" "
+      "\"expandable_segments:True\"\n"
       "\n"
       "Exit status: 0 when the replays ran (out of memory included), 1 when the trace could not\n"
       "be read or a replay failed, 2 for a bad command line.\n");
@@ -152,6 +178,12 @@ options parse_command_line(int argc, char** argv) {
         usage_error("--device-memory above 1 PiB is not supported");
       }
       o.device_memory_given = true;
+    } else if (arg == "--allocator") {
+      o.allocator = value();
+      if (o.allocator != "gpumem" && o.allocator != "pytorch" && o.allocator != "cub") {
+        usage_error(
+            fmt::format("--allocator must be gpumem, pytorch or cub, got \"{}\"", o.allocator));
+      }
     } else if (arg == "--config") {
       if (config_given || o.compare) usage_error("give one --config, or --compare with several");
       o.configs.push_back(value());
@@ -210,8 +242,18 @@ options parse_command_line(int argc, char** argv) {
     }
   }
   if (o.trace_path.empty()) usage_error("no trace given");
+  if (o.allocator != "gpumem") {
+    if (!o.plot_path.empty()) usage_error("--plot is only for --allocator gpumem");
+    if (!o.export_path.empty()) usage_error("--export-snapshot is only for --allocator gpumem");
+  }
   if (o.compare && o.configs.empty()) {
-    for (std::string_view c : default_compare) o.configs.emplace_back(c);
+    if (o.allocator == "pytorch") {
+      for (std::string_view c : default_compare_pytorch) o.configs.emplace_back(c);
+    } else if (o.allocator == "cub") {
+      for (std::string_view c : default_compare_cub) o.configs.emplace_back(c);
+    } else {
+      for (std::string_view c : default_compare) o.configs.emplace_back(c);
+    }
   }
   if (o.configs.empty()) o.configs.emplace_back("");
   return o;
@@ -267,6 +309,10 @@ struct config_run {
   gpumem::replay_result result;
   std::optional<std::size_t> min_device_memory;
   bool min_searched = false;
+  /// A peer's replay (--allocator pytorch|cub): no simulated time; every field it printed, in
+  /// order (key, JSON value), for --json.
+  bool peer = false;
+  std::vector<std::pair<std::string, std::string>> peer_fields;
 };
 
 std::string bytes(std::uint64_t b) {
@@ -345,13 +391,14 @@ void print_trace_header(const options& o, const gpumem::allocation_trace& t,
 
 void print_detail(const options& o, const config_run& run, const gpumem::compiled_trace& c) {
   const gpumem::replay_result& r = run.result;
-  fmt::print("config:  \"{}\" (allocator gpumem, policy {})\n", run.text, r.policy);
+  fmt::print("config:  \"{}\" (allocator {}, policy {})\n", run.text, o.allocator, r.policy);
   if (r.completed) {
     fmt::print("result:  completed, {} events\n", r.events_replayed);
   } else {
     fmt::print("result:  OUT OF MEMORY at event {} of {} (a request of {})\n\n", *r.oom_event_index,
                c.ops.size(), bytes(r.oom_request_bytes));
-    fmt::print("{}\n\n{}\n", r.oom_message, r.memory_summary);
+    fmt::print("{}\n", r.oom_message);
+    if (!r.memory_summary.empty()) fmt::print("\n{}\n", r.memory_summary);
   }
   fmt::print("peaks:   requested {}, allocated {}, reserved {}; reserved / requested {}\n",
              bytes(r.peak_requested), bytes(r.peak_allocated), bytes(r.peak_reserved),
@@ -362,7 +409,17 @@ void print_detail(const options& o, const config_run& run, const gpumem::compile
         bytes(*c.recorded_peak_reserved), ratio(r.peak_reserved, *c.recorded_peak_reserved));
   }
   fmt::print("device:  {}\n", device_calls_text(r.calls));
-  if (o.costs) {
+  if (run.peer) {  // PyTorch's own statistics, next to the simulator's counts above
+    std::map<std::string, std::string> f(run.peer_fields.begin(), run.peer_fields.end());
+    if (f.count("pytorch_reserved_peak_bytes") != 0) {
+      fmt::print(
+          "pytorch: its own statistics: reserved peak {}, {} device allocations, {} frees, {} "
+          "retries, {} out-of-memory\n",
+          bytes(std::stoull(f["pytorch_reserved_peak_bytes"])), f["pytorch_num_device_alloc"],
+          f["pytorch_num_device_free"], f["pytorch_num_alloc_retries"], f["pytorch_num_ooms"]);
+    }
+  }
+  if (o.costs && !run.peer) {
     fmt::print("         {:.3f} ms of simulated time in device calls (typical per-call costs)\n",
                r.simulated_seconds * 1e3);
   }
@@ -374,8 +431,13 @@ void print_detail(const options& o, const config_run& run, const gpumem::compile
       fmt::print("minimum: does not complete even on {}\n", bytes(o.min_memory_limit));
     }
   }
-  fmt::print("replay:  {} events in {:.1f} ms ({:.1f} M events/s)\n", r.events_replayed,
-             r.wall_seconds * 1e3, r.events_per_second() / 1e6);
+  if (run.peer && r.events_per_second() < 1e5) {
+    fmt::print("replay:  {} events in {:.1f} ms ({:.1f} k events/s, in {})\n", r.events_replayed,
+               r.wall_seconds * 1e3, r.events_per_second() / 1e3, peer_name);
+  } else {
+    fmt::print("replay:  {} events in {:.1f} ms ({:.1f} M events/s)\n", r.events_replayed,
+               r.wall_seconds * 1e3, r.events_per_second() / 1e6);
+  }
 }
 
 void print_table(const options& o, const std::vector<config_run>& runs,
@@ -398,12 +460,17 @@ void print_table(const options& o, const std::vector<config_run>& runs,
         ratio(r.peak_reserved, r.peak_requested),
         std::to_string(r.device_alloc_calls()),
         std::to_string(r.device_free_calls())};
-    if (o.costs) row.push_back(fmt::format("{:.2f} ms", r.simulated_seconds * 1e3));
+    if (o.costs) {
+      row.push_back(run.peer ? std::string("-")
+                             : fmt::format("{:.2f} ms", r.simulated_seconds * 1e3));
+    }
     if (o.find_min_memory) {
       row.push_back(run.min_device_memory ? bytes(*run.min_device_memory)
                                           : "> " + bytes(o.min_memory_limit));
     }
-    row.push_back(fmt::format("{:.1f}M", r.events_per_second() / 1e6));
+    const double rate = r.events_per_second();
+    row.push_back(run.peer && rate < 1e5 ? fmt::format("{:.1f}k", rate / 1e3)
+                                         : fmt::format("{:.1f}M", rate / 1e6));
     rows.push_back(std::move(row));
   }
   std::vector<std::size_t> width(rows.front().size(), 0);
@@ -425,12 +492,14 @@ void print_table(const options& o, const std::vector<config_run>& runs,
     if (run.result.completed) continue;
     fmt::print("\n--- \"{}\" ran out of memory at event {} ---\n{}\n", run.text,
                *run.result.oom_event_index, run.result.oom_message);
-    if (o.verbose) fmt::print("\n{}\n", run.result.memory_summary);
+    if (o.verbose && !run.result.memory_summary.empty()) {
+      fmt::print("\n{}\n", run.result.memory_summary);
+    }
   }
 }
 
 void print_json(const options& o, const std::vector<config_run>& runs,
-                const gpumem::compiled_trace& c) {
+                const gpumem::compiled_trace& c, const gpumem::allocation_trace& t) {
   fmt::print("[\n");
   for (std::size_t i = 0; i < runs.size(); ++i) {
     const config_run& run = runs[i];
@@ -444,7 +513,7 @@ void print_json(const options& o, const std::vector<config_run>& runs,
       return v ? fmt::format("{}", *v) : std::string("null");
     };
     field("config", json_string(run.text));
-    field("allocator", json_string("gpumem"));
+    field("allocator", json_string(o.allocator));
     field("policy", json_string(r.policy));
     field("trace", json_string(o.trace_path));
     field("device_memory_bytes", std::to_string(o.device_memory));
@@ -461,13 +530,22 @@ void print_json(const options& o, const std::vector<config_run>& runs,
                                 : fmt::format("{:.6f}", static_cast<double>(r.peak_reserved) /
                                                             static_cast<double>(r.peak_requested)));
     field("recorded_peak_reserved_bytes", optional_number(c.recorded_peak_reserved));
+    field("recorded_initial_reserved_bytes", optional_number(t.recorded_initial_reserved));
+    field("recorded_segment_allocs", std::to_string(c.recorded_segment_allocs));
+    field("recorded_segment_frees", std::to_string(c.recorded_segment_frees));
+    field("initial_events", std::to_string(c.initial_events));
     field("device_alloc_calls", std::to_string(r.device_alloc_calls()));
     field("device_free_calls", std::to_string(r.device_free_calls()));
     field("device_calls", std::to_string(r.calls.total()));
-    field("simulated_device_seconds", fmt::format("{:.9f}", r.simulated_seconds));
+    field("simulated_device_seconds",
+          run.peer ? std::string("null") : fmt::format("{:.9f}", r.simulated_seconds));
     field("replay_seconds", fmt::format("{:.6f}", r.wall_seconds));
     field("events_per_second", fmt::format("{:.0f}", r.events_per_second()));
     if (o.find_min_memory) field("min_device_memory_bytes", optional_number(run.min_device_memory));
+    // What only a peer reports (its own statistics, the simulator's counts by call).
+    for (const auto& [key, value] : run.peer_fields) {
+      if (obj.find("\"" + key + "\": ") == std::string::npos) field(key, value);
+    }
     obj += "}";
     fmt::print("{}{}\n", obj, i + 1 < runs.size() ? "," : "");
   }
@@ -576,7 +654,304 @@ void export_snapshot(const options& o, const config_run& run, const gpumem::comp
   }
 }
 
+// --- Peers: PyTorch's and CUB's allocators, in a child process ----------------------------------
+
+/// gpumem-replay-peer next to this executable (GPUMEM_REPLAY_PEER overrides the path).
+std::string peer_path() {
+  if (const char* env = std::getenv("GPUMEM_REPLAY_PEER"); env != nullptr && *env != '\0') {
+    return env;
+  }
+  std::string self(4096, '\0');
+  const ssize_t n = ::readlink("/proc/self/exe", self.data(), self.size() - 1);
+  if (n <= 0) return std::string(peer_name);
+  self.resize(static_cast<std::size_t>(n));
+  const std::size_t slash = self.rfind('/');
+  return (slash == std::string::npos ? std::string() : self.substr(0, slash + 1)) +
+         std::string(peer_name);
+}
+
+struct child_output {
+  int status = 0;  // the exit status, or 128 + signal
+  std::string out;
+  std::string err;
+};
+
+/// Runs `argv` with `env`, collecting its stdout and stderr.
+child_output run_child(const std::vector<std::string>& argv, const std::vector<std::string>& env) {
+  int out_pipe[2];
+  int err_pipe[2];
+  if (::pipe(out_pipe) != 0) throw std::system_error(errno, std::generic_category(), "pipe");
+  if (::pipe(err_pipe) != 0) {
+    ::close(out_pipe[0]);
+    ::close(out_pipe[1]);
+    throw std::system_error(errno, std::generic_category(), "pipe");
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out_pipe[1], STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, err_pipe[1], STDERR_FILENO);
+  for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) {
+    posix_spawn_file_actions_addclose(&actions, fd);
+  }
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  std::vector<char*> envp;
+  for (const std::string& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  pid_t pid = 0;
+  const int rc =
+      ::posix_spawn(&pid, argv.front().c_str(), &actions, nullptr, args.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(out_pipe[1]);
+  ::close(err_pipe[1]);
+  if (rc != 0) {
+    ::close(out_pipe[0]);
+    ::close(err_pipe[0]);
+    throw std::system_error(rc, std::generic_category(), "cannot start " + argv.front());
+  }
+  child_output result;
+  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
+  std::string* sinks[2] = {&result.out, &result.err};
+  int open_fds = 2;
+  char buffer[65536];
+  while (open_fds > 0) {
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
+      const ssize_t n = ::read(fds[i].fd, buffer, sizeof buffer);
+      if (n > 0) {
+        sinks[i]->append(buffer, static_cast<std::size_t>(n));
+      } else if (n == 0 || errno != EINTR) {
+        ::close(fds[i].fd);
+        fds[i].fd = -1;
+        --open_fds;
+      }
+    }
+  }
+  for (pollfd& f : fds) {
+    if (f.fd >= 0) ::close(f.fd);
+  }
+  int wstatus = 0;
+  while (::waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
+  }
+  result.status = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
+  return result;
+}
+
+/// The peer's message without its "gpumem-replay-peer: " prefix and trailing newline.
+std::string peer_message(std::string err) {
+  const std::string prefix = std::string(peer_name) + ": ";
+  if (const std::size_t at = err.rfind(prefix); at != std::string::npos) {
+    err = err.substr(at + prefix.size());
+  }
+  while (!err.empty() && (err.back() == '\n' || err.back() == '\r')) err.pop_back();
+  return err;
+}
+
+/// Checks that gpumem-replay-peer is there and has the allocator built in.
+void check_peer(const options& o, const std::string& path) {
+  if (::access(path.c_str(), X_OK) != 0) {
+    usage_error(fmt::format(
+        "--allocator {} needs {} next to gpumem-replay, not found at {}{}", o.allocator, peer_name,
+        path, o.allocator == "pytorch" ? fmt::format("; {}", enable_pytorch) : std::string()));
+  }
+  const child_output list = run_child({path, "--list"}, {});
+  if (list.status != 0) usage_error(fmt::format("{} --list failed: {}", path, list.err));
+  if (list.out.find(o.allocator + "\n") == std::string::npos) {
+    usage_error(fmt::format(
+        "--allocator {}: {} was built without it{}", o.allocator, path,
+        o.allocator == "pytorch" ? fmt::format("; {}", enable_pytorch) : std::string()));
+  }
+}
+
+/// The fields of one flat JSON object (string, number, true, false, null values), raw.
+std::vector<std::pair<std::string, std::string>> parse_flat_json(std::string_view text) {
+  std::vector<std::pair<std::string, std::string>> fields;
+  std::size_t i = 0;
+  auto bad = [&]() -> std::runtime_error {
+    return std::runtime_error(fmt::format("unreadable output of {} near offset {}", peer_name, i));
+  };
+  auto skip_space = [&] {
+    while (i < text.size() &&
+           (text[i] == ' ' || text[i] == '\n' || text[i] == '\r' || text[i] == '\t')) {
+      ++i;
+    }
+  };
+  auto raw_string = [&]() {  // from the opening quote to after the closing one
+    const std::size_t start = i++;
+    while (i < text.size() && text[i] != '"') i += text[i] == '\\' ? 2 : 1;
+    if (i >= text.size()) throw bad();
+    ++i;
+    return std::string(text.substr(start, i - start));
+  };
+  skip_space();
+  if (i >= text.size() || text[i] != '{') throw bad();
+  ++i;
+  for (;;) {
+    skip_space();
+    if (i < text.size() && text[i] == '}') break;
+    if (i >= text.size() || text[i] != '"') throw bad();
+    std::string key = raw_string();
+    key = key.substr(1, key.size() - 2);
+    skip_space();
+    if (i >= text.size() || text[i] != ':') throw bad();
+    ++i;
+    skip_space();
+    std::string value;
+    if (i < text.size() && text[i] == '"') {
+      value = raw_string();
+    } else {
+      const std::size_t start = i;
+      while (i < text.size() && text[i] != ',' && text[i] != '}' && text[i] != ' ') ++i;
+      value = std::string(text.substr(start, i - start));
+      if (value.empty()) throw bad();
+    }
+    fields.emplace_back(std::move(key), std::move(value));
+    skip_space();
+    if (i < text.size() && text[i] == ',') {
+      ++i;
+      continue;
+    }
+    if (i < text.size() && text[i] == '}') break;
+    throw bad();
+  }
+  return fields;
+}
+
+/// A JSON string literal's text (the escapes json_string and the peer write).
+std::string json_unquote(std::string_view raw) {
+  std::string out;
+  for (std::size_t i = 1; i + 1 < raw.size(); ++i) {
+    if (raw[i] != '\\' || i + 2 >= raw.size()) {
+      out += raw[i];
+      continue;
+    }
+    const char c = raw[++i];
+    switch (c) {
+      case 'n':
+        out += '\n';
+        break;
+      case 'r':
+        out += '\r';
+        break;
+      case 't':
+        out += '\t';
+        break;
+      case 'u':
+        if (i + 4 < raw.size()) {
+          out += static_cast<char>(std::stoi(std::string(raw.substr(i + 1, 4)), nullptr, 16));
+          i += 4;
+        }
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
+/// One replay by the peer: fills run.result and run.peer_fields. Throws when the peer failed.
+void run_peer(const options& o, const std::string& path, std::size_t device_memory,
+              config_run& run) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view v = *e;
+    // The configuration is the one given, not the environment's (like gpumem's replays).
+    if (v.rfind("GPUMEM_SIM_MEMORY=", 0) == 0 || v.rfind("PYTORCH_CUDA_ALLOC_CONF=", 0) == 0 ||
+        v.rfind("PYTORCH_ALLOC_CONF=", 0) == 0) {
+      continue;
+    }
+    env.emplace_back(v);
+  }
+  env.push_back(fmt::format("GPUMEM_SIM_MEMORY={}", device_memory));
+  const child_output child =
+      run_child({path, "--allocator", o.allocator, "--trace", o.trace_path, "--config", run.text,
+                 "--snapshot-device", std::to_string(o.snapshot_device)},
+                env);
+  if (child.status == 2) usage_error(peer_message(child.err));
+  if (child.status != 0) {
+    throw std::runtime_error(
+        fmt::format("{} (--allocator {}, config \"{}\") exited with status {}: {}", peer_name,
+                    o.allocator, run.text, child.status, peer_message(child.err)));
+  }
+  if (!child.err.empty()) std::fputs(child.err.c_str(), stderr);  // the allocator's warnings
+  run.peer = true;
+  run.peer_fields = parse_flat_json(child.out);
+  std::map<std::string, std::string> f(run.peer_fields.begin(), run.peer_fields.end());
+  auto number = [&](const std::string& key) -> std::uint64_t {
+    const auto it = f.find(key);
+    if (it == f.end() || it->second == "null") return 0;
+    return std::stoull(it->second);
+  };
+  gpumem::replay_result& r = run.result;
+  r = gpumem::replay_result{};
+  r.policy = f.count("policy") != 0 ? json_unquote(f["policy"]) : std::string("?");
+  r.completed = f["completed"] == "true";
+  if (!r.completed) {
+    r.oom_event_index = static_cast<std::size_t>(number("oom_event_index"));
+    r.oom_message = json_unquote(f["oom_message"]);
+    r.oom_request_bytes = number("oom_request_bytes");
+  }
+  r.peak_requested = number("peak_requested_bytes");
+  r.peak_allocated = number("peak_allocated_bytes");
+  r.peak_reserved = number("peak_reserved_bytes");
+  r.events_replayed = static_cast<std::size_t>(number("events_replayed"));
+  for (gpumem::call_kind k : gpumem::all_call_kinds) {
+    r.calls[k] =
+        static_cast<std::size_t>(number(fmt::format("calls_{}", gpumem::call_kind_name(k))));
+  }
+  r.wall_seconds = f.count("replay_seconds") != 0 ? std::stod(f["replay_seconds"]) : 0.0;
+}
+
+/// The smallest device (to `resolution`) on which the peer's replay completes; the search of
+/// gpumem::find_min_device_memory, one child process per probe.
+std::optional<std::size_t> find_min_memory_peer(const options& o, const std::string& path,
+                                                const config_run& run,
+                                                const gpumem::compiled_trace& c) {
+  constexpr std::size_t resolution = std::size_t{1} << 20;
+  auto completes = [&](std::size_t bytes) {
+    config_run probe;
+    probe.text = run.text;
+    run_peer(o, path, bytes, probe);
+    return probe.result.completed;
+  };
+  auto align = [&](std::size_t v) { return (v + resolution - 1) / resolution * resolution; };
+  const std::size_t limit = o.min_memory_limit;
+  std::size_t lo = align(static_cast<std::size_t>(c.peak_requested));
+  if (lo == 0) lo = resolution;
+  if (lo > limit) return std::nullopt;
+  if (completes(lo)) return lo;
+  std::size_t hi = lo;
+  for (;;) {
+    const std::size_t next = hi >= limit / 2 ? limit : align(hi + hi / 4);
+    if (next == hi) return std::nullopt;
+    if (completes(next)) {
+      hi = next;
+      break;
+    }
+    lo = next;
+    hi = next;
+  }
+  while (hi - lo > resolution) {
+    const std::size_t mid = align(lo + (hi - lo) / 2);
+    if (mid >= hi || mid <= lo) break;
+    if (completes(mid)) {
+      hi = mid;
+    } else {
+      lo = mid;
+    }
+  }
+  return hi;
+}
+
 int run(const options& o) {
+  const bool peer = o.allocator != "gpumem";
+  const std::string peer_file = peer ? peer_path() : std::string();
+  if (peer) check_peer(o, peer_file);
   const auto read_start = std::chrono::steady_clock::now();
   const gpumem::allocation_trace trace = gpumem::read_trace(o.trace_path, o.snapshot_device);
   if (!o.convert_path.empty()) {
@@ -607,6 +982,10 @@ int run(const options& o) {
   for (const std::string& text : o.configs) {
     config_run run;
     run.text = text;
+    if (peer) {  // the peer checks its own configuration
+      runs.push_back(std::move(run));
+      continue;
+    }
     try {
       run.config = gpumem::allocator_config::parse(text);
     } catch (const gpumem::config_error& e) {
@@ -615,11 +994,20 @@ int run(const options& o) {
     runs.push_back(std::move(run));
   }
 
-  if (!o.json) {
+  // A peer checks its configuration when it runs: a bad one ends the run before any output.
+  if (!o.json && !peer) {
     print_trace_header(o, trace, compiled);
     if (read_seconds > 0.5) fmt::print("(read and checked in {:.2f} s)\n\n", read_seconds);
   }
   for (config_run& run : runs) {
+    if (peer) {
+      run_peer(o, peer_file, o.device_memory, run);
+      if (o.find_min_memory) {
+        run.min_searched = true;
+        run.min_device_memory = find_min_memory_peer(o, peer_file, run, compiled);
+      }
+      continue;
+    }
     gpumem::replay_options ro;
     ro.device_memory = o.device_memory;
     ro.config = run.config;
@@ -638,8 +1026,9 @@ int run(const options& o) {
     }
   }
 
+  if (!o.json && peer) print_trace_header(o, trace, compiled);
   if (o.json) {
-    print_json(o, runs, compiled);
+    print_json(o, runs, compiled, trace);
   } else if (runs.size() == 1 && !o.compare) {
     print_detail(o, runs.front(), compiled);
   } else {

@@ -1,0 +1,119 @@
+// gpumem-replay-peer: PyTorch's CUDA caching allocator (c10::cuda::CUDACachingAllocator, from
+// libc10_cuda.so), driven the way ATen drives it.
+//
+// Every allocation goes through CUDAAllocator::allocate with the trace's stream made the current
+// c10 stream, and is kept as its c10::DataPtr: freeing a slot destroys the DataPtr, and
+// record_stream is CUDACachingAllocator::recordStream on it — one path for all of them.
+// The configuration string is PyTorch's own (PYTORCH_CUDA_ALLOC_CONF syntax), applied exactly as
+// given with c10::CachingAllocator::setAllocatorSettings before the allocator starts; the
+// environment variables PYTORCH_ALLOC_CONF and PYTORCH_CUDA_ALLOC_CONF are removed first.
+// Build with PYTORCH_C10_DRIVER_API_SUPPORTED defined, as libc10_cuda itself is: the header-side
+// CUDAAllocatorConfig::expandable_segments() otherwise reports expandable segments as unsupported.
+#pragma once
+
+#include <c10/core/AllocatorConfig.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "peer_common.hpp"
+
+// Exported by libc10_cuda.so, declared in no installed header. ATen (libtorch_cuda) installs this
+// hook; without it, freeing a block that has recorded streams fails in c10::cuda::MaybeSetDevice.
+namespace c10::cuda::_internal {
+C10_CUDA_API void setHasPrimaryContext(bool (*func)(DeviceIndex));
+}
+
+#ifndef GPUMEM_TORCH_VERSION
+#define GPUMEM_TORCH_VERSION "unknown"
+#endif
+
+namespace gpumem::peers {
+
+class pytorch_peer {
+ public:
+  explicit pytorch_peer(const std::string& config) {
+    ::unsetenv("PYTORCH_ALLOC_CONF");
+    ::unsetenv("PYTORCH_CUDA_ALLOC_CONF");
+    c10::cuda::_internal::setHasPrimaryContext(&has_primary_context);
+    try {
+      c10::CachingAllocator::setAllocatorSettings(config);
+    } catch (const c10::Error& e) {
+      throw config_error(e.what_without_backtrace());
+    }
+    policy_ = c10::CachingAllocator::AcceleratorAllocatorConfig::use_expandable_segments()
+                  ? "expandable_segments"
+                  : "native";
+  }
+
+  const char* name() const { return "pytorch"; }
+  const std::string& policy() const { return policy_; }
+
+  void start(std::size_t streams) {
+    int devices = 0;
+    check_cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
+    c10::cuda::CUDACachingAllocator::init(devices);
+    for (cudaStream_t s : create_streams(streams)) {
+      streams_.push_back(c10::cuda::getStreamFromExternal(s, device_));
+    }
+  }
+
+  alloc_outcome allocate(std::uint32_t slot, std::size_t size, std::uint32_t stream) {
+    if (slots_.size() <= slot) slots_.resize(std::max<std::size_t>(slot + 1, slots_.size() * 2));
+    if (stream != current_) {
+      c10::cuda::setCurrentCUDAStream(streams_[stream]);
+      current_ = stream;
+    }
+    try {
+      slots_[slot] = c10::cuda::CUDACachingAllocator::get()->allocate(size);
+    } catch (const c10::OutOfMemoryError& e) {
+      return {false, e.what_without_backtrace()};
+    }
+    return {};
+  }
+
+  void deallocate(std::uint32_t slot) { slots_[slot].clear(); }
+
+  void record_stream(std::uint32_t slot, std::uint32_t stream) {
+    c10::cuda::CUDACachingAllocator::recordStream(slots_[slot], streams_[stream]);
+  }
+
+  std::size_t peak_allocated() const {
+    return static_cast<std::size_t>(stats().allocated_bytes[aggregate].peak);
+  }
+
+  stat_list own_stats() const {
+    const c10::CachingDeviceAllocator::DeviceStats s = stats();
+    return {{"torch_version", json_string(GPUMEM_TORCH_VERSION)},
+            {"pytorch_reserved_peak_bytes", std::to_string(s.reserved_bytes[aggregate].peak)},
+            {"pytorch_reserved_bytes", std::to_string(s.reserved_bytes[aggregate].current)},
+            {"pytorch_allocated_peak_bytes", std::to_string(s.allocated_bytes[aggregate].peak)},
+            {"pytorch_segments_peak", std::to_string(s.segment[aggregate].peak)},
+            {"pytorch_num_device_alloc", std::to_string(s.num_device_alloc)},
+            {"pytorch_num_device_free", std::to_string(s.num_device_free)},
+            {"pytorch_num_alloc_retries", std::to_string(s.num_alloc_retries)},
+            {"pytorch_num_ooms", std::to_string(s.num_ooms)},
+            {"pytorch_num_sync_all_streams", std::to_string(s.num_sync_all_streams)}};
+  }
+
+ private:
+  static constexpr auto aggregate =
+      static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  static bool has_primary_context(c10::DeviceIndex) { return true; }  // one device, initialised
+
+  c10::CachingDeviceAllocator::DeviceStats stats() const {
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(device_);
+  }
+
+  std::string policy_;
+  c10::DeviceIndex device_ = 0;
+  std::vector<c10::cuda::CUDAStream> streams_;
+  std::uint32_t current_ = static_cast<std::uint32_t>(-1);
+  std::vector<c10::DataPtr> slots_;
+};
+
+}  // namespace gpumem::peers
