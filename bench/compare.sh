@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates the comparison tables of bench/README.md: the hot-path race (gpumem_bench_compare:
-# gpumem, PyTorch's and CUB's caching allocators on the CUDA simulator in one process), as
-# Markdown on stdout. Builds nothing: give it a configured and built build folder.
+# gpumem, PyTorch's and CUB's caching allocators on the CUDA simulator in one process) and, per
+# trace, every allocator and configuration (bench/replay_allocators.sh), as Markdown on stdout. Builds nothing: give it a configured and built build folder.
 #
 #   bench/compare.sh [build dir] [Google Benchmark flags ...]
 #   bench/compare.sh build --benchmark_repetitions=3        # quicker
@@ -128,6 +128,9 @@ if dev:
     print()
     print("Device memory calls made during the timed loops (not a cache hit every time): " +
           ", ".join(f"`{k}` {calls[k]:g}" for k in sorted(dev)) + " (medians).")
-print()
-print("<!-- replay tables (gpumem-replay --allocator, tools/replay) go here -->")
 PY
+# Then the per-trace tables: every allocator and configuration on every real and bundled trace.
+if [[ -x "$build/tools/replay/gpumem-replay" ]]; then
+  echo
+  bash "$here/replay_allocators.sh" "$build/tools/replay/gpumem-replay"
+fi
