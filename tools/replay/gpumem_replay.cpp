@@ -35,6 +35,7 @@
 #include "gpumem/trace/replay.hpp"
 #include "gpumem/trace/rmm_csv.hpp"
 #include "gpumem/trace/trace_io.hpp"
+#include "json_text.hpp"
 
 #ifndef GPUMEM_VERSION
 #define GPUMEM_VERSION "unknown"
@@ -43,6 +44,8 @@
 extern char** environ;
 
 namespace {
+
+using gpumem_replay::json_string;
 
 constexpr std::string_view default_compare[] = {"policy:classic", "policy:expandable",
                                                 "policy:stitch"};
@@ -322,36 +325,6 @@ std::string bytes(std::uint64_t b) {
 std::string ratio(std::uint64_t a, std::uint64_t b) {
   return b == 0 ? std::string("-")
                 : fmt::format("{:.3f}", static_cast<double>(a) / static_cast<double>(b));
-}
-
-std::string json_string(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
 }
 
 std::string device_calls_text(const gpumem::call_counters& calls) {
@@ -919,33 +892,8 @@ std::optional<std::size_t> find_min_memory_peer(const options& o, const std::str
     run_peer(o, path, bytes, probe);
     return probe.result.completed;
   };
-  auto align = [&](std::size_t v) { return (v + resolution - 1) / resolution * resolution; };
-  const std::size_t limit = o.min_memory_limit;
-  std::size_t lo = align(static_cast<std::size_t>(c.peak_requested));
-  if (lo == 0) lo = resolution;
-  if (lo > limit) return std::nullopt;
-  if (completes(lo)) return lo;
-  std::size_t hi = lo;
-  for (;;) {
-    const std::size_t next = hi >= limit / 2 ? limit : align(hi + hi / 4);
-    if (next == hi) return std::nullopt;
-    if (completes(next)) {
-      hi = next;
-      break;
-    }
-    lo = next;
-    hi = next;
-  }
-  while (hi - lo > resolution) {
-    const std::size_t mid = align(lo + (hi - lo) / 2);
-    if (mid >= hi || mid <= lo) break;
-    if (completes(mid)) {
-      hi = mid;
-    } else {
-      lo = mid;
-    }
-  }
-  return hi;
+  return gpumem::search_min_device_memory(c.peak_requested, o.min_memory_limit, resolution,
+                                          completes);
 }
 
 int run(const options& o) {

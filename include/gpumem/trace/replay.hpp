@@ -322,25 +322,15 @@ inline replay_result replay_trace(const compiled_trace& trace, const replay_opti
   return r;
 }
 
-/// The smallest device size, to `resolution` bytes, on which `trace` completes under `options`
-/// (its device_memory is ignored), searched between the trace's peak requested and `limit`.
-/// nothing when it does not complete even on `limit` bytes. Each probe is one replay;
-/// `on_probe(device_memory, completed)` is told about each (may be empty). Throws as replay_trace.
-inline std::optional<std::size_t> find_min_device_memory(
-    const compiled_trace& trace, replay_options options, std::size_t limit,
-    std::size_t resolution = std::size_t{1} << 20,
-    const std::function<void(std::size_t, bool)>& on_probe = {}) {
-  options.record_samples = false;
-  options.snapshot_after_event.reset();
-  options.progress = nullptr;
-  auto completes = [&](std::size_t bytes) {
-    options.device_memory = bytes;
-    const bool ok = replay_trace(trace, options).completed;
-    if (on_probe) on_probe(bytes, ok);
-    return ok;
-  };
+/// The bisection find_min_device_memory runs, over any probe: the smallest size, to `resolution`
+/// bytes, between `peak_requested` (nothing fits below) and `limit` for which `completes(size)` is
+/// true, assuming that completing is monotonic in the size; nothing when even `limit` fails.
+/// Throws what `completes` throws.
+inline std::optional<std::size_t> search_min_device_memory(
+    std::uint64_t peak_requested, std::size_t limit, std::size_t resolution,
+    const std::function<bool(std::size_t)>& completes) {
   auto align = [&](std::size_t v) { return (v + resolution - 1) / resolution * resolution; };
-  std::size_t lo = align(static_cast<std::size_t>(trace.peak_requested));  // nothing fits below
+  std::size_t lo = align(static_cast<std::size_t>(peak_requested));
   if (lo == 0) lo = resolution;
   if (lo > limit) return std::nullopt;
   if (completes(lo)) return lo;
@@ -366,6 +356,26 @@ inline std::optional<std::size_t> find_min_device_memory(
     }
   }
   return hi;
+}
+
+/// The smallest device size, to `resolution` bytes, on which `trace` completes under `options`
+/// (its device_memory is ignored), searched between the trace's peak requested and `limit`.
+/// nothing when it does not complete even on `limit` bytes. Each probe is one replay;
+/// `on_probe(device_memory, completed)` is told about each (may be empty). Throws as replay_trace.
+inline std::optional<std::size_t> find_min_device_memory(
+    const compiled_trace& trace, replay_options options, std::size_t limit,
+    std::size_t resolution = std::size_t{1} << 20,
+    const std::function<void(std::size_t, bool)>& on_probe = {}) {
+  options.record_samples = false;
+  options.record_history = false;
+  options.snapshot_after_event.reset();
+  options.progress = nullptr;
+  return search_min_device_memory(trace.peak_requested, limit, resolution, [&](std::size_t bytes) {
+    options.device_memory = bytes;
+    const bool ok = replay_trace(trace, options).completed;
+    if (on_probe) on_probe(bytes, ok);
+    return ok;
+  });
 }
 
 }  // namespace gpumem

@@ -13,7 +13,11 @@
 
 #include <fmt/format.h>
 
+#include "../json_text.hpp"
+
 namespace gpumem::peers {
+
+using gpumem_replay::json_string;
 
 /// A configuration string the allocator does not accept.
 class config_error : public std::runtime_error {
@@ -26,37 +30,6 @@ struct alloc_outcome {
   bool ok = true;
   std::string message;
 };
-
-/// A JSON string literal.
-inline std::string json_string(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
 
 /// Fails with the CUDA error's name when `e` is not cudaSuccess.
 inline void check_cuda(cudaError_t e, const char* what) {
