@@ -126,6 +126,27 @@ struct memory_usage {
   std::size_t reserved = 0;   ///< bytes held from the device
 };
 
+/// What the allocator did, as PyTorch's allocator trace records it (TraceEntry's actions).
+enum class allocator_action {
+  alloc,           ///< a block handed out (size: requested bytes)
+  free_requested,  ///< a block given back (size: requested bytes)
+  free_completed,  ///< a freed block reusable again (after its recorded streams' events)
+  segment_alloc,   ///< memory obtained from the device (cudaMalloc; size: segment bytes)
+  segment_free,    ///< memory returned to the device (cudaFree)
+  segment_map,     ///< pages mapped into a VMM range (address and size of the mapped range)
+  segment_unmap,   ///< pages unmapped from a VMM range
+  oom              ///< an out_of_memory about to be thrown (address: device free bytes)
+};
+
+/// One allocator_action with its address, size and stream, passed to an event observer.
+template <class Stream>
+struct allocator_event {
+  allocator_action action = allocator_action::alloc;
+  std::uintptr_t address = 0;
+  std::size_t size = 0;
+  Stream stream{};
+};
+
 /// A caching allocator over `Device` (see device/device.hpp for the device concept).
 ///
 /// Thread safety: every public member function may be called concurrently; one lock serialises
@@ -140,6 +161,7 @@ class caching_allocator {
   using device_type = Device;
   using stream_type = typename Device::stream_type;
   using event_type = typename Device::event_type;
+  using event_observer = std::function<void(const allocator_event<stream_type>&)>;
 
   /// Uses `config` as given (see allocator_config::resolve to combine it with the environment).
   /// Throws config_error when the configuration asks for a policy this build does not provide.
@@ -207,7 +229,10 @@ class caching_allocator {
     pool_type& p = pool_for(lookup_pools(stream), rounded);
     block_type* b = get_free_block(p, rounded);
     if (b == nullptr) b = allocate_new_block(p, size, rounded);
-    return alloc_found_block(b, *b->owner, rounded, size);  // stitch may borrow another pool's
+    void* ptr = alloc_found_block(b, *b->owner, rounded, size);  // stitch may borrow another's
+    if (observer_)
+      notify(allocator_action::alloc, reinterpret_cast<std::uintptr_t>(ptr), size, stream);
+    return ptr;
   }
 
   /// allocate(size, device.default_stream()).
@@ -216,14 +241,24 @@ class caching_allocator {
   /// Frees memory returned by allocate. nullptr is ignored. Throws usage_error (and changes
   /// nothing) when `ptr` is not an allocation of this allocator, including a second free.
   void deallocate(void* ptr) {
-    if (ptr == nullptr) return;
-    std::lock_guard<detail::spin_mutex> lock(mutex_);
-    block_type* b = allocated_.erase(reinterpret_cast<std::uintptr_t>(ptr));
-    if (b == nullptr) {
+    if (!try_deallocate(ptr)) {
       throw usage_error(
           fmt::format("gpumem: free of pointer {} that this allocator did not "
                       "allocate, or that was already freed",
                       ptr));
+    }
+  }
+
+  /// deallocate(ptr) when `ptr` is a live allocation of this allocator (or nullptr), returning
+  /// true; otherwise changes nothing and returns false. For callers that route a pointer among
+  /// several allocators.
+  bool try_deallocate(void* ptr) {
+    if (ptr == nullptr) return true;
+    std::lock_guard<detail::spin_mutex> lock(mutex_);
+    block_type* b = allocated_.erase(reinterpret_cast<std::uintptr_t>(ptr));
+    if (b == nullptr) return false;
+    if (observer_) {
+      notify(allocator_action::free_requested, b->ptr, b->requested_size, b->owner->stream);
     }
     b->allocated = false;
     const bool small = b->owner->is_small;
@@ -238,6 +273,7 @@ class caching_allocator {
     } else {
       free_block(b);
     }
+    return true;
   }
 
   /// Marks `ptr` as in use on `stream` (besides its allocation stream): when freed, the block
@@ -388,6 +424,29 @@ class caching_allocator {
     return out;
   }
 
+  /// The segment holding live allocation `ptr`: its base address and size (PyTorch's
+  /// getBaseAllocation). Throws usage_error for a pointer that is not a live allocation.
+  std::pair<void*, std::size_t> base_allocation(void* ptr) const {
+    std::lock_guard<detail::spin_mutex> lock(mutex_);
+    const block_type* b = allocated_.find(reinterpret_cast<std::uintptr_t>(ptr));
+    if (b == nullptr) throw usage_error(fmt::format("gpumem: {} is not a live allocation", ptr));
+    return {reinterpret_cast<void*>(b->seg->ptr), b->seg->size};
+  }
+
+  /// Whether `ptr` is a live allocation of this allocator.
+  bool owns(const void* ptr) const {
+    std::lock_guard<detail::spin_mutex> lock(mutex_);
+    return allocated_.find(reinterpret_cast<std::uintptr_t>(ptr)) != nullptr;
+  }
+
+  /// Calls `observer` for every allocator_action from now on (an empty function stops it), with
+  /// the allocator's lock held: it must be quick and must not call back into this allocator.
+  /// Not to be called concurrently with other members.
+  void set_event_observer(event_observer observer) {
+    std::lock_guard<detail::spin_mutex> lock(mutex_);
+    observer_ = std::move(observer);
+  }
+
   /// The requested size of a live allocation. Throws usage_error for a foreign pointer.
   std::size_t allocation_size(void* ptr) const {
     std::lock_guard<detail::spin_mutex> lock(mutex_);
@@ -420,6 +479,11 @@ class caching_allocator {
   };
 
   static std::int64_t as_i64(std::size_t v) noexcept { return static_cast<std::int64_t>(v); }
+
+  void notify(allocator_action action, std::uintptr_t address, std::size_t size,
+              stream_type stream) const {
+    observer_(allocator_event<stream_type>{action, address, size, stream});
+  }
 
   bool gc_enabled() const noexcept {
     return fraction_set_ && config_.garbage_collection_threshold > 0.0;
@@ -521,6 +585,7 @@ class caching_allocator {
 
     block_type* b = block_pool_.create(s->ptr, seg_size, &p, s);
     s->head = b;
+    if (observer_) notify(allocator_action::segment_alloc, s->ptr, seg_size, p.stream);
     counts_.increase(p.is_small, counter::segment, 1);
     counts_.increase(p.is_small, counter::reserved_bytes, as_i64(seg_size));
     if (seg_size >= config_.max_split_size) stats_.oversize_segments.increase(1);
@@ -615,6 +680,7 @@ class caching_allocator {
     segment_type* s = b->seg;
     device_.deallocate(reinterpret_cast<void*>(s->ptr), s->size);
     ++stats_.num_device_free;
+    if (observer_) notify(allocator_action::segment_free, s->ptr, s->size, b->owner->stream);
     reserved_total_ -= s->size;
     pool_type& p = *b->owner;
     counts_.decrease(p.is_small, counter::segment, 1);
@@ -688,6 +754,7 @@ class caching_allocator {
   // PyTorch's free_block: merge with free neighbours and return to the pool.
   GPUMEM_ALWAYS_INLINE void free_block(block_type* b) {
     pool_type& p = *b->owner;
+    if (observer_) notify(allocator_action::free_completed, b->ptr, b->requested_size, p.stream);
     const std::size_t original_size = b->size;
     const std::size_t requested = b->requested_size;
     std::int64_t net_inactive_blocks = 0;
@@ -1084,6 +1151,8 @@ class caching_allocator {
       const std::uintptr_t range_lo = s->ptr + first * page;
       const std::uintptr_t range_hi = s->ptr + last * page;
       device_.unmap(range_lo, range_hi - range_lo);
+      if (observer_)
+        notify(allocator_action::segment_unmap, range_lo, range_hi - range_lo, p.stream);
       for (std::size_t i = first; i < last; ++i) {
         const std::uint64_t h = s->pages[i];
         s->pages[i] = 0;
@@ -1151,6 +1220,7 @@ class caching_allocator {
         return false;
       }
       for (std::size_t i = 0; i < n; ++i) s->pages[first + i] = handles[i];
+      if (observer_) notify(allocator_action::segment_map, to_map->ptr, n * page, p.stream);
       s->mapped_pages += n;
       reserved_total_ += n * page;
       counts_.increase(p.is_small, counter::reserved_bytes, as_i64(n * page));
@@ -1310,6 +1380,7 @@ class caching_allocator {
     f.fraction_was_limit = fraction_refused;
     f.max_split_size = config_.max_split_size;
     f.policy = std::string(to_string(policy_));
+    if (observer_) notify(allocator_action::oom, free_bytes, size, p.stream);
     throw out_of_memory(oom_message(f), n);
   }
 
@@ -1530,6 +1601,7 @@ class caching_allocator {
   std::size_t granularity_ = 0;  // VMM page size (VMM policies only)
   std::int64_t peak_seen_ = -1;
   std::int64_t allocated_at_peak_ = 0;
+  event_observer observer_;  // set_event_observer; empty: nobody listens
 };
 
 }  // namespace gpumem
