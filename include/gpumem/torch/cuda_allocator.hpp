@@ -1,0 +1,1025 @@
+// gpumem — PyTorch's CUDA allocator interface (c10::cuda::CUDACachingAllocator::CUDAAllocator)
+// implemented on gpumem, so that gpumem replaces PyTorch's caching allocator and everything that
+// asks PyTorch's allocator keeps working: torch.cuda.memory_stats / memory_summary /
+// max_memory_reserved / empty_cache / set_per_process_memory_fraction, snapshots and memory
+// history, cudnn.benchmark's cacheInfo, ProcessGroupNCCL's segment registration (trace trackers),
+// CUDA-graph private pools and IPC (classic policy).
+//
+//   gpumem::torch::install();                          // before the first CUDA tensor
+//   gpumem::torch::install("policy:stitch,max_split_size_mb:256");
+//
+// Vocabulary (DESIGN.md): one caching_allocator<cuda_vmm_device> per GPU serves PyTorch's default
+// pool; every CUDA-graph private pool (MempoolId) gets its own caching_allocator on that GPU, so
+// its blocks are never handed to anyone else. Device statistics add the pools up: current values
+// and totals exactly, peaks as the sum of each allocator's peak (an upper bound).
+//
+// Compiles against torch 2.8 through 2.15 (TORCH_VERSION_MAJOR/MINOR guards). Needs c10 and
+// c10_cuda only (the headers under the wheel's torch/include and libc10_cuda.so); link
+// ${TORCH_LIBRARIES} or gpumem's gpumem::c10_cuda.
+//
+// Thread safety: every member may be called from any thread, as PyTorch's allocator. Errors:
+// PyTorch's own exception types (c10::OutOfMemoryError, c10::Error), so Python sees
+// torch.OutOfMemoryError and RuntimeError as with PyTorch's allocator; what gpumem cannot do
+// throws c10::Error "not supported by gpumem: <reason>".
+#pragma once
+
+#if __has_include(<torch/headeronly/version.h>)
+#include <torch/headeronly/version.h>  // torch >= 2.10
+#elif __has_include(<torch/version.h>)
+#include <torch/version.h>
+#elif __has_include(<torch/csrc/api/include/torch/version.h>)
+#include <torch/csrc/api/include/torch/version.h>  // torch 2.8, 2.9 with only torch/include
+#endif
+#ifndef TORCH_VERSION_MAJOR
+#error "gpumem/torch/cuda_allocator.hpp: torch's version header was not found (torch/version.h)"
+#endif
+
+#define GPUMEM_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) ||         \
+   (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+#if !GPUMEM_TORCH_AT_LEAST(2, 8)
+#error "gpumem's LibTorch adapter supports torch 2.8 and newer"
+#endif
+
+#include <c10/core/Allocator.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <ctime>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "gpumem/config.hpp"
+#include "gpumem/core/caching_allocator.hpp"
+#include "gpumem/device/cuda_vmm_device.hpp"
+#include "gpumem/error.hpp"
+
+namespace gpumem::torch {
+
+namespace c10_alloc = ::c10::cuda::CUDACachingAllocator;
+using mempool_id = ::c10::cuda::MempoolId_t;
+
+/// The allocator gpumem runs on each GPU (and for each private pool).
+using device_allocator = caching_allocator<cuda_vmm_device>;
+
+class cuda_allocator;
+
+/// Makes gpumem PyTorch's CUDA allocator (c10::cuda::CUDACachingAllocator and c10::GetAllocator
+/// for CUDA), configured with `config`. Call it once per process, before the first CUDA
+/// allocation. Returns the installed allocator (never destroyed: tensors may be freed during
+/// exit). Throws gpumem::usage_error when gpumem is already installed or PyTorch's allocator has
+/// already been initialised (a CUDA tensor exists or torch.cuda was initialised).
+cuda_allocator& install(const allocator_config& config);
+
+/// install(allocator_config::resolve(settings)): `settings` (PyTorch syntax plus gpumem's keys)
+/// on top of GPUMEM_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF. Also throws
+/// gpumem::config_error for a malformed string.
+cuda_allocator& install(std::string_view settings = {});
+
+/// The installed allocator, or nullptr. Thread-safe; never throws.
+cuda_allocator* installed() noexcept;
+
+namespace detail {
+
+inline std::atomic<cuda_allocator*>& installed_slot() noexcept {
+  static std::atomic<cuda_allocator*> slot{nullptr};
+  return slot;
+}
+
+void raw_delete(void* ptr);
+
+[[noreturn]] inline void not_supported(const std::string& what, const std::string& why) {
+  TORCH_CHECK(false, "gpumem: ", what, " is not supported by gpumem: ", why);
+}
+
+inline c10_alloc::TraceEntry::Action trace_action(allocator_action a) noexcept {
+  using A = c10_alloc::TraceEntry::Action;
+  switch (a) {
+    case allocator_action::alloc:
+      return A::ALLOC;
+    case allocator_action::free_requested:
+      return A::FREE_REQUESTED;
+    case allocator_action::free_completed:
+      return A::FREE_COMPLETED;
+    case allocator_action::segment_alloc:
+      return A::SEGMENT_ALLOC;
+    case allocator_action::segment_free:
+      return A::SEGMENT_FREE;
+    case allocator_action::segment_map:
+      return A::SEGMENT_MAP;
+    case allocator_action::segment_unmap:
+      return A::SEGMENT_UNMAP;
+    case allocator_action::oom:
+      return A::OOM;
+  }
+  return A::ALLOC;
+}
+
+inline const char* trace_action_name(allocator_action a) noexcept {
+  switch (a) {
+    case allocator_action::alloc:
+      return "alloc";
+    case allocator_action::free_requested:
+      return "free_requested";
+    case allocator_action::free_completed:
+      return "free_completed";
+    case allocator_action::segment_alloc:
+      return "segment_alloc";
+    case allocator_action::segment_free:
+      return "segment_free";
+    case allocator_action::segment_map:
+      return "segment_map";
+    case allocator_action::segment_unmap:
+      return "segment_unmap";
+    case allocator_action::oom:
+      return "oom";
+  }
+  return "";
+}
+
+inline void copy_stat(const stat& from, ::c10::CachingAllocator::Stat& to) noexcept {
+  to.current += from.current;
+  to.peak += from.peak;
+  to.allocated += from.allocated;
+  to.freed += from.freed;
+}
+
+inline void copy_stats(const stat_array& from, ::c10::CachingAllocator::StatArray& to) noexcept {
+  for (std::size_t i = 0; i < num_stat_types; ++i) copy_stat(from[i], to[i]);
+}
+
+// One CUDA-graph private pool (or torch.cuda.MemPool) on one GPU.
+struct private_pool {
+  mempool_id id{0, 0};
+  std::unique_ptr<device_allocator> allocator;
+  int use_count = 1;
+  std::function<bool(cudaStream_t)> filter;  // set between beginAllocateToPool and end
+};
+
+// Per GPU: the device, the default pool's allocator and the private pools, created on first use.
+struct device_state {
+  explicit device_state(int index) : device(index) {}
+  cuda_vmm_device device;
+  std::once_flag created;
+  std::unique_ptr<device_allocator> main;
+  allocator_config config;  // what main and the pools run (classic where VMM is missing)
+  std::mutex pools_mutex;
+  std::vector<std::unique_ptr<private_pool>> pools;
+  std::atomic<int> allocating_to_pools{0};  // pools with a filter set (a capture under way)
+};
+
+}  // namespace detail
+
+/// gpumem as PyTorch's CUDA allocator. Obtain it with install(); see the top of this file.
+class cuda_allocator final : public c10_alloc::CUDAAllocator {
+ public:
+  cuda_allocator(const cuda_allocator&) = delete;
+  cuda_allocator& operator=(const cuda_allocator&) = delete;
+
+  /// The configuration asked for (each GPU runs it, or classic where the GPU has no VMM).
+  const allocator_config& config() const noexcept { return config_; }
+
+  /// gpumem's allocator of PyTorch's default pool on `device` (creating it if needed): its
+  /// stats(), snapshot() and memory_summary() are gpumem's own views. Throws c10::Error for a
+  /// device index out of range.
+  device_allocator& default_pool(c10::DeviceIndex device) { return *state(device).main; }
+
+  /// gpumem's memory summary of `device` (PyTorch's table from getDeviceStats, then gpumem's
+  /// section: largest free block, fragmentation, device calls, policy).
+  std::string memory_summary(c10::DeviceIndex device, bool abbreviated = false) {
+    device_allocator& a = default_pool(device);
+    return gpumem::memory_summary(to_gpumem(getDeviceStats(device)), a.summary_numbers(),
+                                  abbreviated);
+  }
+
+  // --- c10::Allocator ---------------------------------------------------------------------------
+
+  c10::DataPtr allocate(size_t nbytes) override {
+    const c10::DeviceIndex device = c10::cuda::current_device();
+    void* ptr = nullptr;
+    if (nbytes != 0) {
+      ptr = malloc_on(device, nbytes, c10::cuda::getCurrentCUDAStream(device).stream());
+    }
+    return {ptr, ptr, &detail::raw_delete, c10::Device(c10::DeviceType::CUDA, device)};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &detail::raw_delete; }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    C10_CUDA_CHECK(cudaMemcpy(dest, src, count, cudaMemcpyDeviceToDevice));
+  }
+
+  // --- DeviceAllocator (CUDAAllocator before torch 2.9) ------------------------------------------
+
+  bool initialized() override { return initialized_.load(std::memory_order_acquire); }
+
+  void emptyCache(mempool_id id = {0, 0}) override {
+    for (std::size_t d = 0; d < devices_.size(); ++d) {
+      detail::device_state& s = *devices_[d];
+      if (!s.main) continue;
+      if (is_default(id)) {
+        s.main->empty_cache();
+        continue;
+      }
+      std::lock_guard<std::mutex> lock(s.pools_mutex);
+      if (detail::private_pool* p = find_pool(s, id)) p->allocator->empty_cache();
+    }
+  }
+
+  using c10_alloc::CUDAAllocator::recordStream;
+  void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override {
+    if (ptr.get() == nullptr || ptr.get_deleter() != &detail::raw_delete) return;
+    device_allocator& a = owner_of(ptr.get(), ptr.device().index());
+    a.record_stream(ptr.get(), stream.stream());
+  }
+
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    detail::device_state& s = state(device);
+    c10::CachingDeviceAllocator::DeviceStats out;
+    add_stats(out, s.main->stats());
+    std::lock_guard<std::mutex> lock(s.pools_mutex);
+    for (const auto& p : s.pools) {
+      const device_stats pool_stats = p->allocator->stats();
+      add_stats(out, pool_stats);
+#if GPUMEM_TORCH_AT_LEAST(2, 13)
+      detail::copy_stats(pool_stats.reserved_bytes, out.reserved_bytes_by_private_pools[p->id]);
+#endif
+    }
+    out.max_split_size = static_cast<int64_t>(s.config.max_split_size);
+    return out;
+  }
+
+  void resetAccumulatedStats(c10::DeviceIndex device) override {
+    for_each_allocator(device, [](device_allocator& a) { a.reset_accumulated_stats(); });
+  }
+
+  void resetPeakStats(c10::DeviceIndex device) override {
+    for_each_allocator(device, [](device_allocator& a) { a.reset_peak_stats(); });
+  }
+
+  // --- CUDAAllocator
+  // ------------------------------------------------------------------------------
+
+  void* raw_alloc(size_t nbytes) override {
+    if (nbytes == 0) return nullptr;
+    const c10::DeviceIndex device = c10::cuda::current_device();
+    return malloc_on(device, nbytes, c10::cuda::getCurrentCUDAStream(device).stream());
+  }
+
+  void* raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override {
+    if (nbytes == 0) return nullptr;
+    return malloc_on(c10::cuda::current_device(), nbytes, stream);
+  }
+
+  void raw_delete(void* ptr) override {
+    if (ptr == nullptr) return;
+    const int hint = devices_.size() == 1 ? 0 : c10::cuda::current_device();
+    if (!free_anywhere(ptr, hint)) {
+      TORCH_CHECK(false, "gpumem: invalid device pointer ", ptr,
+                  ": not allocated by gpumem, or already freed");
+    }
+  }
+
+  void init(int device_count) override {
+    std::call_once(init_once_, [&] {
+      const int n = std::max(device_count, 0);
+      devices_.reserve(static_cast<std::size_t>(n));
+      for (int i = 0; i < n; ++i) devices_.push_back(std::make_unique<detail::device_state>(i));
+      initialized_.store(true, std::memory_order_release);
+    });
+  }
+
+  double getMemoryFraction(c10::DeviceIndex device) override {
+    return state(device).main->memory_fraction();
+  }
+
+  void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
+    TORCH_CHECK(fraction >= 0.0 && fraction <= 1.0, "gpumem: invalid fraction ", fraction,
+                ": it must be between 0 and 1");
+    state(device).main->set_memory_fraction(fraction);
+  }
+
+#if GPUMEM_TORCH_AT_LEAST(2, 10)
+  std::vector<c10_alloc::StreamSegmentSize> getExpandableSegmentSizes(
+      c10::DeviceIndex device) override {
+    std::vector<c10_alloc::StreamSegmentSize> out;
+    device_allocator& a = *state(device).main;
+    if (a.policy() != allocator_policy::expandable) return out;
+    for (const auto& seg : a.snapshot()) {
+      out.emplace_back(seg.stream, seg.is_small, seg.mapped_size);
+    }
+    return out;
+  }
+#endif
+
+  void enable(bool value) override {
+    if (!value) {
+      detail::not_supported("enable(false)",
+                            "gpumem is the allocator; to bypass caching use PyTorch's allocator "
+                            "(PYTORCH_NO_CUDA_MEMORY_CACHING=1 without gpumem)");
+    }
+  }
+  bool isEnabled() const override {
+    return true;
+  }
+
+  void cacheInfo(c10::DeviceIndex device, size_t* largestBlock) override {
+    detail::device_state& s = state(device);
+    if (*largestBlock == 0) {
+      std::size_t total = 0;
+      s.device.memory_info(*largestBlock, total);  // PyTorch's optimistic first guess
+    }
+    for_each_allocator(device, [&](device_allocator& a) {
+      *largestBlock = std::max(*largestBlock, a.summary_numbers().largest_free_block);
+    });
+  }
+
+  void* getBaseAllocation(void* ptr, size_t* size) override {
+    device_allocator& a = owner_of(ptr, -1);
+    if (a.policy() != allocator_policy::classic) {
+      detail::not_supported("getBaseAllocation",
+                            fmt::format("the {} policy maps pages into address ranges that CUDA "
+                                        "IPC cannot share; use policy:classic",
+                                        to_string(a.policy())));
+    }
+    const auto [base, bytes] = a.base_allocation(ptr);
+    if (size != nullptr) *size = bytes;
+    return base;
+  }
+
+#if GPUMEM_TORCH_AT_LEAST(2, 11)
+  c10_alloc::SnapshotInfo snapshot(mempool_id id = {0, 0}, bool include_traces = true) override {
+    return make_snapshot(id, include_traces);
+  }
+#else
+  c10_alloc::SnapshotInfo snapshot(mempool_id id = {0, 0}) override {
+    return make_snapshot(id, true);
+  }
+#endif
+
+  void beginAllocateToPool(c10::DeviceIndex device, mempool_id id,
+                           std::function<bool(cudaStream_t)> filter) override {
+    detail::device_state& s = state(device);
+    std::lock_guard<std::mutex> lock(s.pools_mutex);
+    detail::private_pool* p = find_pool(s, id);
+    if (p == nullptr) {
+      p = &make_pool(s, id);
+    } else {
+      ++p->use_count;
+    }
+    TORCH_CHECK(!p->filter, "gpumem: beginAllocateToPool for pool (", id.first, ", ", id.second,
+                ") while it is already being allocated to");
+    p->filter = std::move(filter);
+    s.allocating_to_pools.fetch_add(1, std::memory_order_release);
+  }
+
+  void endAllocateToPool(c10::DeviceIndex device, mempool_id id) override {
+    detail::device_state& s = state(device);
+    std::lock_guard<std::mutex> lock(s.pools_mutex);
+    detail::private_pool* p = find_pool(s, id);
+    TORCH_CHECK(p != nullptr && p->filter, "gpumem: endAllocateToPool for pool (", id.first, ", ",
+                id.second, ") that is not being allocated to");
+    p->filter = nullptr;
+    s.allocating_to_pools.fetch_sub(1, std::memory_order_release);
+  }
+
+  void releasePool(c10::DeviceIndex device, mempool_id id) override {
+    detail::device_state& s = state(device);
+    std::lock_guard<std::mutex> lock(s.pools_mutex);
+    detail::private_pool* p = find_pool(s, id);
+    TORCH_CHECK(p != nullptr, "gpumem: releasePool of unknown pool (", id.first, ", ", id.second,
+                ")");
+    if (--p->use_count > 0) return;
+    p->allocator->empty_cache();
+    // A pool whose blocks are all freed goes away; otherwise it stays until emptyCache finds it
+    // empty (PyTorch keeps such a pool's blocks out of everyone else's reach the same way).
+    if (p->allocator->usage().allocated == 0) erase_pool(s, id);
+  }
+
+  int getPoolUseCount(c10::DeviceIndex device, mempool_id id) override {
+    detail::device_state& s = state(device);
+    std::lock_guard<std::mutex> lock(s.pools_mutex);
+    detail::private_pool* p = find_pool(s, id);
+    return p == nullptr ? 0 : p->use_count;
+  }
+
+#if GPUMEM_TORCH_AT_LEAST(2, 11)
+  void createOrIncrefPool(c10::DeviceIndex device, mempool_id id,
+                          std::shared_ptr<c10_alloc::CUDAAllocator> allocator = nullptr) override {
+    create_or_incref_pool(device, id, allocator.get());
+  }
+  void setUseOnOOM(c10::DeviceIndex, mempool_id, bool) override {
+    detail::not_supported("MemPool(use_on_oom=True)",
+                          "a private pool's memory is never lent to other allocations");
+  }
+#else
+  void createOrIncrefPool(c10::DeviceIndex device, mempool_id id,
+                          c10_alloc::CUDAAllocator* allocator = nullptr) override {
+    create_or_incref_pool(device, id, allocator);
+  }
+  void setUseOnOOM(c10::DeviceIndex, mempool_id) override {
+    detail::not_supported("MemPool(use_on_oom=True)",
+                          "a private pool's memory is never lent to other allocations");
+  }
+#endif
+
+#if GPUMEM_TORCH_AT_LEAST(2, 10)
+  void setNoSplit(c10::DeviceIndex, mempool_id) override {
+    detail::not_supported("MemPool no_split", "gpumem's pools split blocks by its policy's rules");
+  }
+#endif
+
+  bool checkPoolLiveAllocations(c10::DeviceIndex device, mempool_id id,
+                                const std::unordered_set<void*>& expected) override {
+    detail::device_state& s = state(device);
+    std::lock_guard<std::mutex> lock(s.pools_mutex);
+    detail::private_pool* p = find_pool(s, id);
+    if (p == nullptr) return expected.empty();
+    std::size_t live = 0;
+    for (const auto& seg : p->allocator->snapshot()) {
+      for (const auto& b : seg.blocks) {
+        if (b.state != block_state::active_allocated) continue;
+        ++live;
+        if (expected.count(reinterpret_cast<void*>(b.address)) == 0) return false;
+      }
+    }
+    return live == expected.size();
+  }
+
+  c10_alloc::ShareableHandle shareIpcHandle(void* ptr) override {
+    size_t segment_size = 0;
+    void* base = getBaseAllocation(ptr, &segment_size);
+    cudaIpcMemHandle_t handle;
+    C10_CUDA_CHECK(cudaIpcGetMemHandle(&handle, base));
+    // PyTorch's layout: a version byte, 'c' (a cudaMalloc segment), the 64-byte CUDA handle.
+    std::string bytes;
+    bytes.push_back(static_cast<char>(ipc_handle_version));
+    bytes.push_back('c');
+    bytes.append(reinterpret_cast<const char*>(&handle), sizeof handle);
+    return {static_cast<char*>(ptr) - static_cast<char*>(base), std::move(bytes)};
+  }
+
+  std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
+    const char* raw = handle.data();
+    if (handle.size() != sizeof(cudaIpcMemHandle_t)) {  // 64 bytes: a bare legacy handle
+      TORCH_CHECK(handle.size() == 2 + sizeof(cudaIpcMemHandle_t),
+                  "gpumem: getIpcDevPtr: not a CUDA IPC handle (", handle.size(), " bytes)");
+      if (handle[1] != 'c') {
+        detail::not_supported("opening a shared expandable segment",
+                              "only cudaMalloc segments can be opened (share from policy:classic)");
+      }
+      raw += 2;
+    }
+    std::lock_guard<std::mutex> lock(ipc_mutex_);
+    if (auto open = ipc_open_[handle].lock()) return open;
+    cudaIpcMemHandle_t h;
+    std::memcpy(&h, raw, sizeof h);
+    void* dev_ptr = nullptr;
+    C10_CUDA_CHECK(cudaIpcOpenMemHandle(&dev_ptr, h, cudaIpcMemLazyEnablePeerAccess));
+    std::shared_ptr<void> open(dev_ptr, [this, handle](void* p) {
+      {
+        std::lock_guard<std::mutex> l(ipc_mutex_);
+        ipc_open_.erase(handle);
+      }
+      (void)cudaIpcCloseMemHandle(p);
+    });
+    ipc_open_[handle] = open;
+    return open;
+  }
+
+  bool isHistoryEnabled() override {
+    return history_enabled_.load(std::memory_order_acquire);
+  }
+
+#if GPUMEM_TORCH_AT_LEAST(2, 11)
+  void recordHistory(bool enabled, c10_alloc::CreateContextFn context_recorder,
+                     size_t alloc_trace_max_entries, c10_alloc::RecordContext when,
+                     bool clear_history, const std::vector<std::string>& skip_actions) override {
+    record_history(enabled, context_recorder, alloc_trace_max_entries, when, clear_history,
+                   skip_actions);
+  }
+#else
+  void recordHistory(bool enabled, c10_alloc::CreateContextFn context_recorder,
+                     size_t alloc_trace_max_entries, c10_alloc::RecordContext when,
+                     bool clear_history) override {
+    record_history(enabled, context_recorder, alloc_trace_max_entries, when, clear_history, {});
+  }
+#endif
+
+  void attachOutOfMemoryObserver(c10_alloc::OutOfMemoryObserver observer) override {
+    std::lock_guard<std::mutex> lock(observers_mutex_);
+    oom_observers_.push_back(std::move(observer));
+  }
+
+  void attachAllocatorTraceTracker(c10_alloc::AllocatorTraceTracker tracker) override {
+    std::lock_guard<std::mutex> lock(trace_mutex_);
+    trackers_.push_back(std::move(tracker));
+    trace_wanted_.store(true, std::memory_order_release);
+  }
+
+#if GPUMEM_TORCH_AT_LEAST(2, 12)
+  void attachOomRejectionObserver(c10_alloc::OomRejectionObserver observer) override {
+    // gpumem never rejects a request early, so these observers are kept but never called.
+    std::lock_guard<std::mutex> lock(observers_mutex_);
+    rejection_observers_.push_back(std::move(observer));
+  }
+#endif
+
+  void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override {
+    gpumem::detail::cuda_device_guard guard(dev);
+    const cudaError_t status = cudaDeviceEnablePeerAccess(dev_to_access, 0);
+    if (status == cudaErrorPeerAccessAlreadyEnabled) {
+      (void)cudaGetLastError();
+      return;
+    }
+    C10_CUDA_CHECK(status);
+  }
+
+  cudaError_t memcpyAsync(void* dst, int dstDevice, const void* src, int srcDevice, size_t count,
+                          cudaStream_t stream, bool p2p_enabled) override {
+    // Pages mapped by the VMM policies are accessible from their own GPU only: across GPUs they
+    // go through cudaMemcpyPeerAsync, which works with or without peer access.
+    const bool vmm = config_.effective_policy(true) != allocator_policy::classic;
+    if (dstDevice == srcDevice || (p2p_enabled && !vmm)) {
+      return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+    }
+    return cudaMemcpyPeerAsync(dst, dstDevice, src, srcDevice, count, stream);
+  }
+
+  std::shared_ptr<c10_alloc::AllocatorState> getCheckpointState(c10::DeviceIndex,
+                                                                mempool_id) override {
+    detail::not_supported("getCheckpointState (CUDA-graph trees' pool checkpointing)",
+                          "gpumem's private pools cannot be checkpointed");
+  }
+
+  c10_alloc::CheckpointDelta setCheckpointPoolState(
+      c10::DeviceIndex, std::shared_ptr<c10_alloc::AllocatorState>) override {
+    detail::not_supported("setCheckpointPoolState (CUDA-graph trees' pool checkpointing)",
+                          "gpumem's private pools cannot be checkpointed");
+  }
+
+  std::string name() override {
+    return "gpumem";
+  }
+
+ private:
+  friend cuda_allocator& install(const allocator_config& config);
+
+  // PyTorch's native allocator writes version 2 up to torch 2.12, version 3 from 2.13; a reader
+  // refuses newer versions, so write the one the running torch reads.
+  static constexpr int ipc_handle_version = GPUMEM_TORCH_AT_LEAST(2, 13) ? 3 : 2;
+
+  explicit cuda_allocator(allocator_config config) : config_(std::move(config)) {}
+
+  static bool is_default(const mempool_id& id) noexcept {
+    return id.first == 0 && id.second == 0;
+  }
+
+  detail::device_state& state(c10::DeviceIndex device) {
+    if (!initialized()) init(cuda_device::device_count());
+    TORCH_CHECK(device >= 0 && static_cast<std::size_t>(device) < devices_.size(),
+                "gpumem: invalid device index ", static_cast<int>(device), " (", devices_.size(),
+                " CUDA device(s))");
+    detail::device_state& s = *devices_[static_cast<std::size_t>(device)];
+    std::call_once(s.created, [&] {
+      s.config = config_;
+      if (s.config.effective_policy(true) != allocator_policy::classic &&
+          !cuda_vmm_device::supported(device)) {
+        s.config.policy = allocator_policy::classic;  // as PyTorch falls back from expandable
+      }
+      try {
+        s.main = make_allocator(s, {0, 0});
+      } catch (const std::exception& e) {
+        TORCH_CHECK(false, "gpumem: cannot start on CUDA device ", static_cast<int>(device), ": ",
+                    e.what());
+      }
+    });
+    return s;
+  }
+
+  std::unique_ptr<device_allocator> make_allocator(detail::device_state& s, mempool_id id) {
+    auto a = std::make_unique<device_allocator>(s.device, s.config);
+    const auto device = static_cast<c10::DeviceIndex>(s.device.index());
+    a->set_event_observer(
+        [this, device, id](const allocator_event<cudaStream_t>& e) { on_event(device, id, e); });
+    return a;
+  }
+
+  static detail::private_pool* find_pool(detail::device_state& s, const mempool_id& id) {
+    for (auto& p : s.pools) {
+      if (p->id == id) return p.get();
+    }
+    return nullptr;
+  }
+
+  detail::private_pool& make_pool(detail::device_state& s, const mempool_id& id) {
+    auto p = std::make_unique<detail::private_pool>();
+    p->id = id;
+    p->allocator = make_allocator(s, id);
+    s.pools.push_back(std::move(p));
+    return *s.pools.back();
+  }
+
+  static void erase_pool(detail::device_state& s, const mempool_id& id) {
+    s.pools.erase(
+        std::remove_if(s.pools.begin(), s.pools.end(), [&](const auto& p) { return p->id == id; }),
+        s.pools.end());
+  }
+
+  void create_or_incref_pool(c10::DeviceIndex device, mempool_id id,
+                             c10_alloc::CUDAAllocator* allocator) {
+    if (allocator != nullptr && allocator != this) {
+      detail::not_supported("a MemPool with its own allocator", "gpumem serves every pool itself");
+    }
+    detail::device_state& s = state(device);
+    std::lock_guard<std::mutex> lock(s.pools_mutex);
+    if (detail::private_pool* p = find_pool(s, id)) {
+      ++p->use_count;
+    } else {
+      make_pool(s, id);
+    }
+  }
+
+  template <class F>
+  void for_each_allocator(c10::DeviceIndex device, F&& f) {
+    detail::device_state& s = state(device);
+    f(*s.main);
+    std::lock_guard<std::mutex> lock(s.pools_mutex);
+    for (auto& p : s.pools) f(*p->allocator);
+  }
+
+  static void add_stats(c10::CachingDeviceAllocator::DeviceStats& out, const device_stats& in) {
+    detail::copy_stats(in.allocation, out.allocation);
+    detail::copy_stats(in.segment, out.segment);
+    detail::copy_stats(in.active, out.active);
+    detail::copy_stats(in.inactive_split, out.inactive_split);
+    detail::copy_stats(in.allocated_bytes, out.allocated_bytes);
+    detail::copy_stats(in.reserved_bytes, out.reserved_bytes);
+    detail::copy_stats(in.active_bytes, out.active_bytes);
+    detail::copy_stats(in.inactive_split_bytes, out.inactive_split_bytes);
+    detail::copy_stats(in.requested_bytes, out.requested_bytes);
+    out.num_alloc_retries += in.num_alloc_retries;
+    out.num_ooms += in.num_ooms;
+    out.num_sync_all_streams += in.num_sync_all_streams;
+    out.num_device_alloc += in.num_device_alloc;
+    out.num_device_free += in.num_device_free;
+    detail::copy_stat(in.oversize_allocations, out.oversize_allocations);
+    detail::copy_stat(in.oversize_segments, out.oversize_segments);
+  }
+
+  static device_stats to_gpumem(const c10::CachingDeviceAllocator::DeviceStats& in) {
+    device_stats out;
+    auto copy = [](const auto& from, stat_array& to) {
+      for (std::size_t i = 0; i < num_stat_types; ++i) {
+        to[i] = stat{from[i].current, from[i].peak, from[i].allocated, from[i].freed};
+      }
+    };
+    copy(in.allocation, out.allocation);
+    copy(in.segment, out.segment);
+    copy(in.active, out.active);
+    copy(in.inactive_split, out.inactive_split);
+    copy(in.allocated_bytes, out.allocated_bytes);
+    copy(in.reserved_bytes, out.reserved_bytes);
+    copy(in.active_bytes, out.active_bytes);
+    copy(in.inactive_split_bytes, out.inactive_split_bytes);
+    copy(in.requested_bytes, out.requested_bytes);
+    out.num_alloc_retries = in.num_alloc_retries;
+    out.num_ooms = in.num_ooms;
+    out.num_sync_all_streams = in.num_sync_all_streams;
+    out.num_device_alloc = in.num_device_alloc;
+    out.num_device_free = in.num_device_free;
+    out.oversize_allocations = {in.oversize_allocations.current, in.oversize_allocations.peak,
+                                in.oversize_allocations.allocated, in.oversize_allocations.freed};
+    out.oversize_segments = {in.oversize_segments.current, in.oversize_segments.peak,
+                             in.oversize_segments.allocated, in.oversize_segments.freed};
+    out.max_split_size = in.max_split_size;
+    return out;
+  }
+
+  // --- allocation
+  // ---------------------------------------------------------------------------------
+
+  void* malloc_on(c10::DeviceIndex device, std::size_t nbytes, cudaStream_t stream) {
+    detail::device_state& s = state(device);
+    std::shared_ptr<c10::GatheredContext> context;
+    const bool history = history_enabled_.load(std::memory_order_acquire);
+    if (history && record_context_ >= c10_alloc::RecordContext::STATE && context_recorder_) {
+      context = context_recorder_();  // outside every allocator lock, as PyTorch does
+    }
+    pending_context() = history && record_context_ >= c10_alloc::RecordContext::ALLOC
+                            ? context
+                            : std::shared_ptr<c10::GatheredContext>{};
+    device_allocator* a = s.main.get();
+    std::unique_lock<std::mutex> pools_lock;
+    if (s.allocating_to_pools.load(std::memory_order_acquire) > 0) {
+      pools_lock = std::unique_lock<std::mutex>(s.pools_mutex);
+      for (auto& p : s.pools) {
+        if (p->filter && p->filter(stream)) {
+          a = p->allocator.get();
+          break;
+        }
+      }
+      if (a == s.main.get()) pools_lock.unlock();
+    }
+    void* ptr = nullptr;
+    try {
+      if (pools_lock.owns_lock()) {
+        // During stream capture, cudaMalloc is allowed only in relaxed mode (as PyTorch does).
+        cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+        C10_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+        try {
+          ptr = a->allocate(nbytes, stream);
+        } catch (...) {
+          (void)cudaThreadExchangeStreamCaptureMode(&mode);
+          throw;
+        }
+        C10_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+      } else {
+        ptr = a->allocate(nbytes, stream);
+      }
+    } catch (const out_of_memory& e) {
+      pending_context().reset();
+      if (pools_lock.owns_lock()) pools_lock.unlock();
+      report_oom(device, nbytes, e);
+      TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
+    } catch (const cuda_error& e) {
+      pending_context().reset();
+      TORCH_CHECK(false, e.what());
+    }
+    pending_context().reset();
+    if (context) {
+      std::lock_guard<std::mutex> lock(trace_mutex_);
+      contexts_[ptr] = std::move(context);
+    }
+    return ptr;
+  }
+
+  void report_oom(c10::DeviceIndex device, std::size_t nbytes, const out_of_memory& e) {
+    std::vector<c10_alloc::OutOfMemoryObserver> observers;
+    {
+      std::lock_guard<std::mutex> lock(observers_mutex_);
+      observers = oom_observers_;
+    }
+    const auto& d = e.info();
+    for (const auto& observer : observers) {
+      observer(device, nbytes, d.device_total_bytes, d.device_free_bytes);
+    }
+  }
+
+  // Frees `ptr` in whichever allocator has it: the hinted device's default pool first.
+  bool free_anywhere(void* ptr, int hint) {
+    if (history_enabled_.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(trace_mutex_);
+      contexts_.erase(ptr);
+    }
+    const std::size_t n = devices_.size();
+    for (std::size_t k = 0; k < n; ++k) {
+      detail::device_state& s = *devices_[(static_cast<std::size_t>(hint) + k) % n];
+      if (!s.main) continue;
+      if (s.main->try_deallocate(ptr)) return true;
+      std::lock_guard<std::mutex> lock(s.pools_mutex);
+      for (auto& p : s.pools) {
+        if (p->allocator->try_deallocate(ptr)) return true;
+      }
+    }
+    return false;
+  }
+
+  device_allocator& owner_of(void* ptr, int hint) {
+    const std::size_t n = devices_.size();
+    const std::size_t first = hint >= 0 ? static_cast<std::size_t>(hint) : 0;
+    for (std::size_t k = 0; k < n; ++k) {
+      detail::device_state& s = *devices_[(first + k) % n];
+      if (!s.main) continue;
+      if (s.main->owns(ptr)) return *s.main;
+      std::lock_guard<std::mutex> lock(s.pools_mutex);
+      for (auto& p : s.pools) {
+        if (p->allocator->owns(ptr)) return *p->allocator;
+      }
+    }
+    TORCH_CHECK(false, "gpumem: ", ptr, " is not a live allocation of gpumem");
+  }
+
+  // --- history and trace trackers -------------------------------------------------------------
+
+  static std::shared_ptr<c10::GatheredContext>& pending_context() {
+    thread_local std::shared_ptr<c10::GatheredContext> context;
+    return context;
+  }
+
+  void record_history(bool enabled, c10_alloc::CreateContextFn context_recorder,
+                      std::size_t max_entries, c10_alloc::RecordContext when, bool clear_history,
+                      const std::vector<std::string>& skip_actions) {
+    std::lock_guard<std::mutex> lock(trace_mutex_);
+    context_recorder_ = enabled ? context_recorder : nullptr;
+    record_context_ = enabled ? when : c10_alloc::RecordContext::NEVER;
+    max_entries_ = std::max<std::size_t>(max_entries, 1);
+    skip_ = 0;
+    for (const std::string& name : skip_actions) {
+      for (int a = 0; a <= static_cast<int>(allocator_action::oom); ++a) {
+        if (name == detail::trace_action_name(static_cast<allocator_action>(a))) skip_ |= 1u << a;
+      }
+    }
+    if (clear_history) {
+      for (auto& h : history_) h.clear();
+    }
+    history_enabled_.store(enabled, std::memory_order_release);
+    trace_wanted_.store(enabled || !trackers_.empty(), std::memory_order_release);
+  }
+
+  // Called by every allocator with its lock held: builds PyTorch's trace entry, hands it to the
+  // trackers, keeps it in the history.
+  void on_event(c10::DeviceIndex device, mempool_id pool, const allocator_event<cudaStream_t>& e) {
+    if (!trace_wanted_.load(std::memory_order_acquire)) return;
+    std::lock_guard<std::mutex> lock(trace_mutex_);
+    std::shared_ptr<c10::GatheredContext> context;
+    if (e.action == allocator_action::alloc) context = pending_context();
+    c10_alloc::TraceEntry entry(detail::trace_action(e.action), device, e.address, e.size, e.stream,
+                                pool, c10::getApproximateTime(), std::move(context));
+    // memory_viz reads microseconds since the epoch from time_.t_ (PyTorch converts its TSC
+    // stamps the same way when it takes a snapshot).
+    entry.time_.t_ =
+        static_cast<std::time_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                     std::chrono::system_clock::now().time_since_epoch())
+                                     .count());
+    for (const auto& tracker : trackers_) tracker(entry);
+    if (!history_enabled_.load(std::memory_order_relaxed)) return;
+    if ((skip_ >> static_cast<int>(e.action)) & 1u) return;
+    if (history_.size() <= static_cast<std::size_t>(device)) history_.resize(device + 1);
+    auto& h = history_[static_cast<std::size_t>(device)];
+    h.push_back(std::move(entry));
+    while (h.size() > max_entries_) h.pop_front();
+  }
+
+  // --- snapshot
+  // -----------------------------------------------------------------------------------
+
+  c10_alloc::SnapshotInfo make_snapshot(mempool_id id, bool include_traces) {
+    c10_alloc::SnapshotInfo out;
+    for (std::size_t d = 0; d < devices_.size(); ++d) {
+      detail::device_state& s = *devices_[d];
+      if (!s.main) continue;
+      const auto device = static_cast<c10::DeviceIndex>(d);
+      if (is_default(id)) add_segments(out, device, {0, 0}, *s.main);
+      std::lock_guard<std::mutex> lock(s.pools_mutex);
+      for (auto& p : s.pools) {
+        if (is_default(id) || p->id == id) add_segments(out, device, p->id, *p->allocator);
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(trace_mutex_);
+      out.device_traces.resize(devices_.size());
+      if (include_traces) {
+        for (std::size_t d = 0; d < history_.size() && d < devices_.size(); ++d) {
+          out.device_traces[d].assign(history_[d].begin(), history_[d].end());
+        }
+      }
+    }
+    auto& c = out.config_metadata;
+    c.garbage_collection_threshold = config_.garbage_collection_threshold;
+    c.max_split_size = config_.max_split_size;
+    c.pinned_num_register_threads = config_.pinned_num_register_threads;
+    c.expandable_segments = config_.expandable_segments;
+    c.release_lock_on_malloc = config_.release_lock_on_cudamalloc;
+    c.pinned_use_host_register = config_.pinned_use_cuda_host_register;
+#if GPUMEM_TORCH_AT_LEAST(2, 9)
+    c.graph_capture_record_stream_reuse = config_.graph_capture_record_stream_reuse;
+#endif
+    c.last_allocator_settings = config_.to_string();
+    c.roundup_power2_divisions.assign(config_.roundup_power2_divisions.begin(),
+                                      config_.roundup_power2_divisions.end());
+    return out;
+  }
+
+  // One SegmentInfo per run of mapped blocks (a VMM range shows its mapped parts, as PyTorch shows
+  // expandable segments), with the blocks' states and allocation contexts.
+  void add_segments(c10_alloc::SnapshotInfo& out, c10::DeviceIndex device, mempool_id pool,
+                    const device_allocator& a) {
+    const bool vmm = a.policy() != allocator_policy::classic;
+    const auto segments = a.snapshot();  // before trace_mutex_: the allocator's lock comes first
+    std::lock_guard<std::mutex> lock(trace_mutex_);
+    for (const auto& seg : segments) {
+      c10_alloc::SegmentInfo* info = nullptr;
+      for (const auto& b : seg.blocks) {
+        if (!b.mapped) {
+          info = nullptr;
+          continue;
+        }
+        if (info == nullptr) {
+          out.segments.emplace_back();
+          info = &out.segments.back();
+          info->device = device;
+          info->address = b.address;
+          info->stream = seg.stream;
+          info->is_large = !seg.is_small;
+          info->is_expandable = vmm;
+          info->owner_private_pool_id = pool;
+        }
+        c10_alloc::BlockInfo block;
+        block.size = b.size;
+        block.requested_size = b.requested_size;
+        block.allocated = b.state == block_state::active_allocated;
+        block.active = b.state != block_state::inactive;
+        if (block.active) {
+          auto it = contexts_.find(reinterpret_cast<void*>(b.address));
+          if (it != contexts_.end()) block.context_when_allocated = it->second;
+        }
+        info->total_size += b.size;
+        if (block.allocated) info->allocated_size += b.size;
+        if (block.active) {
+          info->active_size += b.size;
+          info->requested_size += b.requested_size;
+        }
+        info->blocks.push_back(std::move(block));
+      }
+    }
+  }
+
+  allocator_config config_;
+  std::once_flag init_once_;
+  std::atomic<bool> initialized_{false};
+  std::vector<std::unique_ptr<detail::device_state>> devices_;  // fixed once init ran
+
+  std::mutex observers_mutex_;
+  std::vector<c10_alloc::OutOfMemoryObserver> oom_observers_;
+#if GPUMEM_TORCH_AT_LEAST(2, 12)
+  std::vector<c10_alloc::OomRejectionObserver> rejection_observers_;
+#endif
+
+  std::mutex trace_mutex_;  // everything below
+  std::atomic<bool> trace_wanted_{false};
+  std::atomic<bool> history_enabled_{false};
+  std::vector<c10_alloc::AllocatorTraceTracker> trackers_;
+  c10_alloc::CreateContextFn context_recorder_ = nullptr;
+  c10_alloc::RecordContext record_context_ = c10_alloc::RecordContext::NEVER;
+  std::size_t max_entries_ = 1;
+  unsigned skip_ = 0;  // bit per allocator_action
+  std::vector<std::deque<c10_alloc::TraceEntry>> history_;
+  std::unordered_map<void*, std::shared_ptr<c10::GatheredContext>> contexts_;
+
+  std::mutex ipc_mutex_;
+  std::unordered_map<std::string, std::weak_ptr<void>> ipc_open_;
+};
+
+namespace detail {
+
+inline void raw_delete(void* ptr) {
+  cuda_allocator* a = installed();
+  TORCH_CHECK(a != nullptr, "gpumem: a gpumem DataPtr freed while gpumem is not installed");
+  a->raw_delete(ptr);
+}
+
+}  // namespace detail
+
+inline cuda_allocator* installed() noexcept {
+  return detail::installed_slot().load(std::memory_order_acquire);
+}
+
+inline cuda_allocator& install(const allocator_config& config) {
+  static std::mutex install_mutex;
+  std::lock_guard<std::mutex> lock(install_mutex);
+  if (installed() != nullptr) {
+    throw usage_error(
+        "gpumem::torch::install: gpumem is already PyTorch's CUDA allocator in this process "
+        "(install it once)");
+  }
+  c10_alloc::CUDAAllocator* current = c10_alloc::get();
+  if (current != nullptr && current->initialized()) {
+    throw usage_error(fmt::format(
+        "gpumem::torch::install: too late: PyTorch's CUDA allocator ({}) is already initialised "
+        "(a CUDA tensor was created or torch.cuda was initialised); install gpumem before the "
+        "first CUDA allocation",
+        current->name()));
+  }
+  auto* a = new cuda_allocator(config);  // never deleted: tensors may be freed during exit
+  c10_alloc::allocator.store(a);
+  c10::SetAllocator(c10::DeviceType::CUDA, a, std::numeric_limits<std::uint8_t>::max());
+  detail::installed_slot().store(a, std::memory_order_release);
+  return *a;
+}
+
+inline cuda_allocator& install(std::string_view settings) {
+  return install(allocator_config::resolve(settings));
+}
+
+}  // namespace gpumem::torch

@@ -1,0 +1,427 @@
+// gpumem::torch::cuda_allocator installed as PyTorch's CUDA allocator and exercised through
+// PyTorch's own C++ entry points (c10::cuda::CUDACachingAllocator::*, c10::GetAllocator), on the
+// CUDA simulator: what PyTorch reports must equal what gpumem and the simulator count.
+//
+// The environment variable GPUMEM_TORCH_TEST_CONF is the configuration installed (ctest runs this
+// program once per policy); GPUMEM_TORCH_TEST_MODE=too_late runs only the installation-order test.
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <c10/cuda/CUDAStream.h>
+
+#include "gpumem/torch/cuda_allocator.hpp"
+#include "gpumem_cudasim.h"
+
+// Exported by libc10_cuda.so, declared in no installed header.
+namespace c10::cuda::_internal {
+C10_CUDA_API void setHasPrimaryContext(bool (*func)(DeviceIndex));
+}
+
+namespace {
+
+namespace c10_alloc = c10::cuda::CUDACachingAllocator;
+using gpumem::torch::cuda_allocator;
+using Action = c10_alloc::TraceEntry::Action;
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? "" : v;
+}
+
+gpumemSimCounters sim() {
+  auto get =
+      reinterpret_cast<gpumemSimGetCounters_t>(dlsym(RTLD_DEFAULT, GPUMEM_SIM_GET_COUNTERS_NAME));
+  gpumemSimCounters c{};
+  if (get == nullptr || get(&c, sizeof c) != 0)
+    ADD_FAILURE() << "not running on the CUDA simulator";
+  return c;
+}
+
+constexpr std::size_t all = 0;  // StatType::AGGREGATE
+
+bool too_late_mode() {
+  return env("GPUMEM_TORCH_TEST_MODE") == "too_late";
+}
+
+class Installed : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (too_late_mode()) GTEST_SKIP() << "the too_late run checks installation order only";
+    ASSERT_NE(gpumem::torch::installed(), nullptr);
+    a_ = gpumem::torch::installed();
+    c10_alloc::emptyCache();
+    c10_alloc::resetPeakStats(0);
+    c10_alloc::resetAccumulatedStats(0);
+  }
+  void TearDown() override {
+    if (a_ != nullptr) a_->default_pool(0).check_invariants();
+  }
+  bool classic() const { return a_->default_pool(0).policy() == gpumem::allocator_policy::classic; }
+  cuda_allocator* a_ = nullptr;
+};
+
+// --- installation
+// ---------------------------------------------------------------------------------
+
+TEST_F(Installed, GpumemIsPyTorchsCudaAllocator) {
+  EXPECT_EQ(c10_alloc::get(), static_cast<c10_alloc::CUDAAllocator*>(a_));
+  EXPECT_EQ(c10_alloc::name(), "gpumem");
+  EXPECT_EQ(c10::GetAllocator(c10::DeviceType::CUDA), static_cast<c10::Allocator*>(a_));
+  EXPECT_TRUE(c10_alloc::get()->initialized());
+  EXPECT_EQ(a_->config().to_string(),
+            gpumem::allocator_config::resolve(env("GPUMEM_TORCH_TEST_CONF")).to_string());
+}
+
+TEST_F(Installed, InstallingTwiceIsAClearError) {
+  try {
+    gpumem::torch::install("");
+    FAIL() << "a second install succeeded";
+  } catch (const gpumem::usage_error& e) {
+    EXPECT_NE(std::string(e.what()).find("already"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(gpumem::torch::installed(), a_);
+}
+
+TEST(InstallOrder, InstallingAfterPyTorchsAllocatorStartedIsAClearError) {
+  if (!too_late_mode()) GTEST_SKIP() << "runs with GPUMEM_TORCH_TEST_MODE=too_late";
+  c10_alloc::init(1);  // what PyTorch does when CUDA starts
+  void* p = c10_alloc::raw_alloc(1024);
+  try {
+    gpumem::torch::install("");
+    FAIL() << "installing over an initialised allocator succeeded";
+  } catch (const gpumem::usage_error& e) {
+    EXPECT_NE(std::string(e.what()).find("too late"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(gpumem::torch::installed(), nullptr);
+  EXPECT_NE(c10_alloc::name(), "gpumem");
+  c10_alloc::raw_delete(p);  // PyTorch's allocator still works
+}
+
+// --- allocation and statistics
+// --------------------------------------------------------------------
+
+TEST_F(Installed, RawAllocAndDeleteAreWhatGpumemAndPyTorchsStatsCount) {
+  const gpumemSimCounters before = sim();
+  std::vector<void*> ptrs;
+  for (std::size_t size : {std::size_t{512}, 3 * MiB, 25 * MiB, 100 * MiB + 7}) {
+    ptrs.push_back(c10_alloc::raw_alloc(size));
+    ASSERT_NE(ptrs.back(), nullptr);
+  }
+  const auto torch_stats = c10_alloc::getDeviceStats(0);
+  const gpumem::device_stats own = a_->default_pool(0).stats();
+  EXPECT_EQ(torch_stats.allocation[all].current, 4);
+  EXPECT_EQ(torch_stats.requested_bytes[all].current, 512 + 3 * MiB + 25 * MiB + 100 * MiB + 7);
+  for (std::size_t t = 0; t < 3; ++t) {
+    EXPECT_EQ(torch_stats.allocated_bytes[t].current, own.allocated_bytes[t].current);
+    EXPECT_EQ(torch_stats.reserved_bytes[t].current, own.reserved_bytes[t].current);
+    EXPECT_EQ(torch_stats.segment[t].current, own.segment[t].current);
+    EXPECT_EQ(torch_stats.active_bytes[t].peak, own.active_bytes[t].peak);
+  }
+  EXPECT_EQ(torch_stats.num_device_alloc, own.num_device_alloc);
+  // The simulator saw exactly the device memory PyTorch reports as reserved.
+  const gpumemSimCounters after = sim();
+  EXPECT_EQ(after.bytes_in_use - before.bytes_in_use,
+            static_cast<unsigned long long>(torch_stats.reserved_bytes[all].current));
+  const unsigned long long device_allocs = (after.calls.malloc - before.calls.malloc) +
+                                           (after.calls.mem_create - before.calls.mem_create);
+  EXPECT_EQ(device_allocs, static_cast<unsigned long long>(torch_stats.num_device_alloc));
+  for (void* p : ptrs) c10_alloc::raw_delete(p);
+  const auto freed = c10_alloc::getDeviceStats(0);
+  EXPECT_EQ(freed.allocated_bytes[all].current, 0);
+  EXPECT_EQ(freed.allocation[all].freed, 4);
+  EXPECT_GT(freed.reserved_bytes[all].current, 0);  // cached
+  c10_alloc::emptyCache();
+  EXPECT_EQ(c10_alloc::getDeviceStats(0).reserved_bytes[all].current, 0);
+  EXPECT_EQ(sim().bytes_in_use, before.bytes_in_use);
+}
+
+TEST_F(Installed, AllocateGivesACudaDataPtrOnTheCurrentStream) {
+  c10::Allocator* cuda = c10::GetAllocator(c10::DeviceType::CUDA);
+  c10::DataPtr p = cuda->allocate(4 * MiB);
+  ASSERT_NE(p.get(), nullptr);
+  EXPECT_EQ(p.device(), c10::Device(c10::DeviceType::CUDA, 0));
+  EXPECT_EQ(p.get_deleter(), cuda->raw_deleter());
+  EXPECT_TRUE(a_->default_pool(0).owns(p.get()));
+  EXPECT_EQ(a_->default_pool(0).allocation_size(p.get()), 4 * MiB);
+  p.clear();
+  EXPECT_EQ(c10_alloc::getDeviceStats(0).allocation[all].current, 0);
+  c10::DataPtr empty = cuda->allocate(0);
+  EXPECT_EQ(empty.get(), nullptr);
+}
+
+TEST_F(Installed, PeaksAndTotalsResetAsInPyTorch) {
+  void* p = c10_alloc::raw_alloc(30 * MiB);
+  c10_alloc::raw_delete(p);
+  auto s = c10_alloc::getDeviceStats(0);
+  EXPECT_GE(s.allocated_bytes[all].peak, static_cast<int64_t>(30 * MiB));
+  EXPECT_EQ(s.allocation[all].allocated, 1);
+  c10_alloc::resetPeakStats(0);
+  c10_alloc::resetAccumulatedStats(0);
+  s = c10_alloc::getDeviceStats(0);
+  EXPECT_EQ(s.allocated_bytes[all].peak, 0);
+  EXPECT_EQ(s.allocation[all].allocated, 0);
+  EXPECT_EQ(s.num_device_alloc, 0);
+}
+
+TEST_F(Installed, MemoryFractionCapsReservedMemoryAndOomIsPyTorchsError) {
+  ASSERT_DOUBLE_EQ(c10_alloc::getMemoryFraction(0), 1.0);
+  c10_alloc::setMemoryFraction(0.25, 0);  // of the simulated 16 GiB
+  EXPECT_DOUBLE_EQ(c10_alloc::getMemoryFraction(0), 0.25);
+  std::vector<int64_t> observed;
+  static std::vector<int64_t>* seen = nullptr;
+  seen = &observed;
+  c10_alloc::attachOutOfMemoryObserver(
+      [](int64_t device, size_t, size_t, size_t) { seen->push_back(device); });
+  const int64_t ooms = c10_alloc::getDeviceStats(0).num_ooms;
+  try {
+    c10_alloc::raw_alloc(5ull * 1024 * MiB);
+    FAIL() << "5 GiB fit under a 4 GiB cap";
+  } catch (const c10::OutOfMemoryError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("Tried to allocate"), std::string::npos) << what;
+    EXPECT_NE(what.find("fraction"), std::string::npos) << what;  // gpumem's diagnosis
+  }
+  EXPECT_EQ(observed, std::vector<int64_t>{0});
+  seen = nullptr;
+  EXPECT_EQ(c10_alloc::getDeviceStats(0).num_ooms, ooms + 1);
+  EXPECT_THROW(c10_alloc::setMemoryFraction(1.5, 0), c10::Error);
+  c10_alloc::setMemoryFraction(1.0, 0);
+  void* p = c10_alloc::raw_alloc(5ull * 1024 * MiB);  // fits again
+  c10_alloc::raw_delete(p);
+}
+
+TEST_F(Installed, CacheInfoIsTheLargestFreeBlockOrTheDevicesFreeMemory) {
+  void* p = c10_alloc::raw_alloc(64 * MiB);
+  c10_alloc::raw_delete(p);  // a cached 64 MiB block
+  size_t largest = 1;
+  c10_alloc::cacheInfo(0, &largest);
+  EXPECT_GE(largest, 64 * MiB);
+  EXPECT_EQ(largest, a_->default_pool(0).summary_numbers().largest_free_block);
+  size_t guess = 0;  // 0: start from the device's free memory, as PyTorch
+  c10_alloc::cacheInfo(0, &guess);
+  EXPECT_EQ(guess, sim().total_memory - sim().bytes_in_use);
+}
+
+TEST_F(Installed, RecordStreamDefersReuseUntilTheStreamsWorkIsDone) {
+  // The simulator completes events GPUMEM_SIM_EVENT_DELAY (0.3 s) after they are recorded.
+  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool();
+  c10::DataPtr p = c10::GetAllocator(c10::DeviceType::CUDA)->allocate(2 * MiB);
+  c10_alloc::recordStream(p, side);
+  p.clear();
+  EXPECT_EQ(c10_alloc::getDeviceStats(0).active[all].current, 1);  // waits for `side`
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  c10_alloc::raw_delete(c10_alloc::raw_alloc(512));  // retires completed events
+  EXPECT_EQ(c10_alloc::getDeviceStats(0).active[all].current, 0);
+  c10::DataPtr foreign(nullptr, c10::Device(c10::DeviceType::CUDA, 0));
+  c10_alloc::recordStream(foreign, side);  // not gpumem's: ignored, as PyTorch does
+}
+
+// --- snapshots, history and trackers
+// --------------------------------------------------------------
+
+TEST_F(Installed, SnapshotSegmentsAndBlocksMatchGpumemsOwn) {
+  void* p = c10_alloc::raw_alloc(3 * MiB);
+  void* q = c10_alloc::raw_alloc(700);
+  const c10_alloc::SnapshotInfo info = c10_alloc::snapshot();
+  std::size_t reserved = 0;
+  std::size_t allocated_blocks = 0;
+  for (const auto& seg : info.segments) {
+    EXPECT_EQ(seg.device, 0);
+    std::size_t sum = 0;
+    for (const auto& b : seg.blocks) {
+      sum += b.size;
+      allocated_blocks += b.allocated ? 1 : 0;
+    }
+    EXPECT_EQ(sum, seg.total_size);
+    EXPECT_EQ(seg.is_expandable, !classic());
+    reserved += seg.total_size;
+  }
+  EXPECT_EQ(allocated_blocks, 2u);
+  EXPECT_EQ(reserved,
+            static_cast<std::size_t>(c10_alloc::getDeviceStats(0).reserved_bytes[all].current));
+  EXPECT_EQ(info.config_metadata.last_allocator_settings, a_->config().to_string());
+  c10_alloc::raw_delete(p);
+  c10_alloc::raw_delete(q);
+}
+
+TEST_F(Installed, HistoryRecordsPyTorchsTraceEntries) {
+#if GPUMEM_TORCH_AT_LEAST(2, 11)
+  c10_alloc::recordHistory(true, nullptr, 100, c10_alloc::RecordContext::ALLOC, true, {});
+#else
+  c10_alloc::recordHistory(true, nullptr, 100, c10_alloc::RecordContext::ALLOC, true);
+#endif
+  EXPECT_TRUE(c10_alloc::isHistoryEnabled());
+  void* p = c10_alloc::raw_alloc(5 * MiB);
+  c10_alloc::raw_delete(p);
+  c10_alloc::emptyCache();
+  const auto traces = c10_alloc::snapshot().device_traces;
+  ASSERT_EQ(traces.size(), 1u);
+  std::vector<Action> actions;
+  for (const auto& e : traces[0]) actions.push_back(e.action_);
+  const Action grow = classic() ? Action::SEGMENT_ALLOC : Action::SEGMENT_MAP;
+  const Action shrink = classic() ? Action::SEGMENT_FREE : Action::SEGMENT_UNMAP;
+  ASSERT_GE(actions.size(), 5u);
+  EXPECT_EQ(actions.front(), grow);
+  EXPECT_EQ(actions.back(), shrink);
+  const auto alloc = std::find(actions.begin(), actions.end(), Action::ALLOC);
+  ASSERT_NE(alloc, actions.end());
+  const auto& entry = traces[0][static_cast<std::size_t>(alloc - actions.begin())];
+  EXPECT_EQ(entry.addr_, reinterpret_cast<std::size_t>(p));
+  EXPECT_EQ(entry.size_, 5 * MiB);
+  EXPECT_NE(std::find(actions.begin(), actions.end(), Action::FREE_COMPLETED), actions.end());
+#if GPUMEM_TORCH_AT_LEAST(2, 11)
+  // skip_actions leaves entries out; a bounded history keeps the newest.
+  c10_alloc::recordHistory(true, nullptr, 2, c10_alloc::RecordContext::ALLOC, true,
+                           {"free_requested", "free_completed"});
+  for (int i = 0; i < 3; ++i) c10_alloc::raw_delete(c10_alloc::raw_alloc(1024));
+  const auto kept = c10_alloc::snapshot().device_traces[0];
+  ASSERT_EQ(kept.size(), 2u);
+  for (const auto& e : kept) EXPECT_EQ(e.action_, Action::ALLOC);
+  c10_alloc::recordHistory(false, nullptr, 0, c10_alloc::RecordContext::NEVER, true, {});
+#else
+  c10_alloc::recordHistory(false, nullptr, 0, c10_alloc::RecordContext::NEVER, true);
+#endif
+  EXPECT_FALSE(c10_alloc::isHistoryEnabled());
+}
+
+std::vector<c10_alloc::TraceEntry>* tracked = nullptr;
+
+TEST_F(Installed, TraceTrackersSeeEverySegmentChange) {
+  static std::vector<c10_alloc::TraceEntry> entries;
+  tracked = &entries;
+  static bool attached = false;
+  if (!attached) {
+    c10_alloc::attachAllocatorTraceTracker([](const c10_alloc::TraceEntry& e) {
+      if (tracked != nullptr) tracked->push_back(e);
+    });
+    attached = true;
+  }
+  void* p = c10_alloc::raw_alloc(40 * MiB);
+  c10_alloc::raw_delete(p);
+  c10_alloc::emptyCache();
+  tracked = nullptr;
+  std::size_t grown = 0;
+  std::size_t shrunk = 0;
+  for (const auto& e : entries) {
+    if (e.action_ == Action::SEGMENT_ALLOC || e.action_ == Action::SEGMENT_MAP) grown += e.size_;
+    if (e.action_ == Action::SEGMENT_FREE || e.action_ == Action::SEGMENT_UNMAP) shrunk += e.size_;
+  }
+  EXPECT_GE(grown, 40 * MiB);
+  EXPECT_EQ(grown, shrunk);
+}
+
+// --- CUDA-graph private pools
+// ---------------------------------------------------------------------
+
+TEST_F(Installed, PrivatePoolsServeOnlyTheirStreamsAndAreReleased) {
+  const gpumemSimCounters before = sim();
+  c10::cuda::CUDAStream capture = c10::cuda::getStreamFromPool();
+  const cudaStream_t captured = capture.stream();
+  const c10::cuda::MempoolId_t pool{7, 0};
+  c10_alloc::beginAllocateToPool(0, pool, [captured](cudaStream_t s) { return s == captured; });
+  EXPECT_EQ(c10_alloc::getPoolUseCount(0, pool), 1);
+  void* in_pool = c10_alloc::raw_alloc_with_stream(6 * MiB, captured);
+  void* outside = c10_alloc::raw_alloc_with_stream(6 * MiB, nullptr);
+  c10_alloc::endAllocateToPool(0, pool);
+  EXPECT_FALSE(a_->default_pool(0).owns(in_pool));
+  EXPECT_TRUE(a_->default_pool(0).owns(outside));
+  EXPECT_TRUE(c10_alloc::checkPoolLiveAllocations(0, pool, {in_pool}));
+  EXPECT_FALSE(c10_alloc::checkPoolLiveAllocations(0, pool, {}));
+  bool found = false;
+  for (const auto& seg : c10_alloc::snapshot(pool).segments) {
+    EXPECT_EQ(seg.owner_private_pool_id, pool);
+    for (const auto& b : seg.blocks) found |= b.allocated;
+  }
+  EXPECT_TRUE(found);
+  // Both allocators' blocks count in the device's statistics.
+  EXPECT_EQ(c10_alloc::getDeviceStats(0).allocation[all].current, 2);
+  c10_alloc::raw_delete(in_pool);
+  c10_alloc::raw_delete(outside);
+  c10_alloc::releasePool(0, pool);
+  EXPECT_EQ(c10_alloc::getPoolUseCount(0, pool), 0);
+  c10_alloc::emptyCache();
+  EXPECT_EQ(sim().bytes_in_use, before.bytes_in_use);  // the pool's memory went back
+  EXPECT_THROW(c10_alloc::endAllocateToPool(0, pool), c10::Error);
+}
+
+// --- bad input
+// --------------------------------------------------------------------------------------
+
+TEST_F(Installed, FreeingAForeignPointerIsAClearErrorAndChangesNothing) {
+  void* p = c10_alloc::raw_alloc(1024);
+  int local = 0;
+  try {
+    c10_alloc::raw_delete(&local);
+    FAIL() << "freed a host pointer";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not allocated by gpumem"), std::string::npos);
+  }
+  c10_alloc::raw_delete(p);
+  EXPECT_THROW(c10_alloc::raw_delete(p), c10::Error);  // twice
+  EXPECT_EQ(c10_alloc::getDeviceStats(0).allocation[all].current, 0);
+}
+
+TEST_F(Installed, WhatGpumemCannotDoSaysSo) {
+  auto says_not_supported = [](auto&& call) {
+    try {
+      call();
+      return std::string("no error");
+    } catch (const c10::Error& e) {
+      return std::string(e.what());
+    }
+  };
+  EXPECT_NE(says_not_supported([] {
+              c10_alloc::getCheckpointState(0, {1, 1});
+            }).find("not supported by gpumem"),
+            std::string::npos);
+  EXPECT_NE(
+      says_not_supported([] { c10_alloc::get()->enable(false); }).find("not supported by gpumem"),
+      std::string::npos);
+  void* p = c10_alloc::raw_alloc(1 * MiB);
+  const std::string ipc = says_not_supported([p] { c10_alloc::shareIpcHandle(p); });
+  if (classic()) {
+    // The simulator has no IPC: the CUDA error comes through as PyTorch's.
+    EXPECT_NE(ipc.find("CUDA"), std::string::npos) << ipc;
+  } else {
+    EXPECT_NE(ipc.find("not supported by gpumem"), std::string::npos) << ipc;
+  }
+  c10_alloc::raw_delete(p);
+  EXPECT_THROW(c10_alloc::getIpcDevPtr("short"), c10::Error);
+  EXPECT_THROW(c10_alloc::getDeviceStats(5), c10::Error);  // one simulated GPU
+}
+
+TEST_F(Installed, MemorySummaryIsPyTorchsTableWithGpumemsSection) {
+  void* p = c10_alloc::raw_alloc(10 * MiB);
+  const std::string summary = a_->memory_summary(0);
+  EXPECT_NE(summary.find("CUDA memory summary"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("Allocated memory"), std::string::npos);
+  EXPECT_NE(summary.find("policy"), std::string::npos);
+  c10_alloc::raw_delete(p);
+}
+
+bool has_primary_context(c10::DeviceIndex) {
+  return true;
+}
+
+class InstallGpumem : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    // libtorch_cuda installs this hook in a full PyTorch; with c10 alone the test does.
+    c10::cuda::_internal::setHasPrimaryContext(&has_primary_context);
+    if (too_late_mode()) return;
+    gpumem::torch::install(env("GPUMEM_TORCH_TEST_CONF"));
+  }
+};
+
+const auto* const install_once = ::testing::AddGlobalTestEnvironment(new InstallGpumem);
+
+}  // namespace
