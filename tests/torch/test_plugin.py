@@ -1,0 +1,216 @@
+"""libgpumem_torch.so loaded into PyTorch (the PyPI wheel) running on the CUDA simulator.
+
+    python tests/torch/test_plugin.py PLUGIN CUDASIM_DIR
+
+Every test runs a fresh Python in which the simulator's libcudart.so.13 and libcuda.so.1 are
+preloaded, so PyTorch's own CUDA start-up, tensors on cuda:0 (no kernel runs: only allocation) and
+the torch.cuda.memory_* functions all run without a GPU. What torch.cuda reports must be what
+gpumem and the simulator count.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import unittest
+
+PLUGIN = ""
+CUDASIM = ""
+
+PRELUDE = """
+import ctypes, json, sys, torch
+sim = ctypes.CDLL("libcuda.so.1")
+
+class Counters(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_ulonglong) for n in (
+        "malloc free mem_get_info event_create event_destroy event_record event_query "
+        "event_synchronize device_synchronize stream_create stream_destroy address_reserve "
+        "address_free mem_create mem_release mem_map mem_unmap set_access memcpy_calls "
+        "memcpy_bytes memcpy_device_calls memset_calls memset_bytes host_alloc host_free "
+        "host_register host_unregister stream_synchronize stream_query stream_wait_event "
+        "unimplemented total_memory bytes_in_use").split()]
+
+def counters():
+    c = Counters()
+    assert sim.gpumemSimGetCounters(ctypes.byref(c), ctypes.sizeof(c)) == 0
+    return c
+
+def gpumem_stats(lib):
+    buf = ctypes.create_string_buffer(1 << 16)
+    n = lib.gpumem_memory_stats_json(0, buf, len(buf))
+    assert 0 < n < len(buf), n
+    return json.loads(buf.value.decode())
+
+MiB = 1 << 20
+"""
+
+
+def run(code, env=None, load_first=True):
+    """Runs `code` after PRELUDE (and loading the plugin as `lib`) in a fresh Python on the
+    simulator; returns (returncode, stdout, stderr)."""
+    full_env = dict(os.environ)
+    for var in ("GPUMEM_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        full_env.pop(var, None)
+    full_env.update(
+        LD_PRELOAD=f"{CUDASIM}/libcudart.so.13:{CUDASIM}/libcuda.so.1",
+        GPUMEM_SIM_MEMORY="16GiB",
+    )
+    full_env.update(env or {})
+    load = f"lib = ctypes.CDLL({PLUGIN!r})\n" if load_first else ""
+    script = PRELUDE + load + textwrap.dedent(code)
+    p = subprocess.run([sys.executable, "-c", script], env=full_env, capture_output=True,
+                       text=True, timeout=300)
+    return p.returncode, p.stdout, p.stderr
+
+
+class PluginTest(unittest.TestCase):
+    def check(self, code, env=None, load_first=True):
+        rc, out, err = run(code, env, load_first)
+        self.assertEqual(rc, 0, f"stdout:\n{out}\nstderr:\n{err}")
+        return out, err
+
+    def test_loading_installs_gpumem_and_torch_cuda_reports_it(self):
+        self.check("""
+            assert lib.gpumem_installed() == 1
+            before = counters()
+            x = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")
+            y = torch.empty(1000, dtype=torch.uint8, device="cuda")
+            s = torch.cuda.memory_stats()
+            g = gpumem_stats(lib)
+            for key in ("allocated_bytes.all.current", "reserved_bytes.all.current",
+                        "requested_bytes.all.current", "num_device_alloc",
+                        "segment.all.current", "allocation.all.current"):
+                assert s[key] == g[key], (key, s[key], g[key])
+            assert s["allocation.all.current"] == 2
+            assert s["requested_bytes.all.current"] == 3 * MiB + 1000
+            after = counters()
+            assert after.bytes_in_use - before.bytes_in_use == torch.cuda.memory_reserved()
+            assert torch.cuda.max_memory_allocated() >= 3 * MiB
+            del x, y
+            assert torch.cuda.memory_allocated() == 0
+            torch.cuda.empty_cache()
+            assert torch.cuda.memory_reserved() == 0
+            assert counters().bytes_in_use == before.bytes_in_use
+            torch.cuda.reset_peak_memory_stats()
+            assert torch.cuda.max_memory_reserved() == 0
+            assert "Allocated memory" in torch.cuda.memory_summary()
+        """)
+
+    def test_the_default_policy_is_stitch_and_the_summary_says_so(self):
+        out, _ = self.check("""
+            x = torch.empty(5 * MiB, dtype=torch.uint8, device="cuda")
+            segs = torch.cuda.memory._snapshot()["segments"]
+            assert segs and all(s["is_expandable"] for s in segs), segs
+            buf = ctypes.create_string_buffer(1 << 16)
+            lib.gpumem_memory_summary(0, buf, len(buf))
+            print(buf.value.decode())
+        """)
+        self.assertIn("gpumem CUDA memory summary", out)
+        self.assertIn("stitch", out)
+
+    def test_settings_come_from_gpumem_alloc_conf_and_pytorchs_variables(self):
+        self.check("""
+            x = torch.empty(5 * MiB, dtype=torch.uint8, device="cuda")
+            segs = torch.cuda.memory._snapshot()["segments"]
+            assert not any(s["is_expandable"] for s in segs), segs   # classic: cudaMalloc
+            assert segs[0]["total_size"] == 20 * MiB                  # PyTorch's 20 MiB segment
+            assert torch.cuda.memory_stats()["max_split_size"] == 64 * MiB
+        """, env={"GPUMEM_ALLOC_CONF": "policy:classic",
+                  "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64"})
+
+    def test_memory_fraction_and_out_of_memory_are_pytorchs(self):
+        out, _ = self.check("""
+            torch.cuda.set_per_process_memory_fraction(0.25)
+            try:
+                torch.empty(5 << 30, dtype=torch.uint8, device="cuda")
+                raise SystemExit("5 GiB fit under a 4 GiB cap")
+            except torch.OutOfMemoryError as e:
+                print(e)
+            assert torch.cuda.memory_stats()["num_ooms"] == 1
+        """)
+        self.assertIn("Tried to allocate", out)
+        self.assertIn("gpumem diagnosis", out)
+        self.assertIn("memory fraction", out)
+
+    def test_memory_history_and_snapshot_dump_with_python_stacks(self):
+        out, _ = self.check("""
+            import pickle, tempfile, os
+            torch.cuda.memory._record_memory_history(max_entries=1000)
+            def make():
+                return torch.empty(7 * MiB, dtype=torch.uint8, device="cuda")
+            x = make()
+            del x
+            snap = torch.cuda.memory._snapshot()
+            actions = [e["action"] for e in snap["device_traces"][0]]
+            assert "alloc" in actions and "free_completed" in actions, actions
+            alloc = next(e for e in snap["device_traces"][0] if e["action"] == "alloc")
+            assert alloc["size"] == 7 * MiB
+            names = [f["name"] for f in alloc["frames"]]
+            assert "make" in names, names
+            path = os.path.join(tempfile.mkdtemp(), "snap.pickle")
+            torch.cuda.memory._dump_snapshot(path)
+            with open(path, "rb") as f:
+                dumped = pickle.load(f)
+            assert dumped["device_traces"][0], dumped.keys()
+            torch.cuda.memory._record_memory_history(enabled=None)
+            print(path)
+        """)
+
+    def test_pluggable_allocator_route(self):
+        self.check(f"""
+            alloc = torch.cuda.memory.CUDAPluggableAllocator({PLUGIN!r}, "gpumem_malloc", "gpumem_free")
+            torch.cuda.memory.change_current_allocator(alloc)
+            x = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")
+            g = gpumem_stats(lib)
+            assert g["allocation.all.current"] == 1, g["allocation.all.current"]
+            assert g["requested_bytes.all.current"] == 3 * MiB
+            del x
+            assert gpumem_stats(lib)["allocation.all.current"] == 0
+        """)
+
+    def test_loading_too_late_is_reported_once_and_pytorch_keeps_working(self):
+        out, err = self.check(f"""
+            x = torch.empty(1000, device="cuda")
+            lib = ctypes.CDLL({PLUGIN!r})
+            assert lib.gpumem_installed() == 0
+            lib.gpumem_empty_cache.restype = ctypes.c_int
+            assert lib.gpumem_empty_cache() == -1
+            lib.gpumem_last_error.restype = ctypes.c_char_p
+            assert b"not PyTorch's CUDA allocator" in lib.gpumem_last_error()
+            y = torch.empty(1000, device="cuda")
+        """, load_first=False)
+        self.assertEqual(err.count("did not install gpumem"), 1, err)
+        self.assertIn("too late", err)
+
+    def test_a_malformed_setting_is_reported_once_at_load(self):
+        out, err = self.check("""
+            assert lib.gpumem_installed() == 0
+            x = torch.empty(1000, device="cuda")   # PyTorch's own allocator still serves
+        """, env={"GPUMEM_ALLOC_CONF": "policy:sideways"})
+        self.assertEqual(err.count("did not install gpumem"), 1, err)
+        self.assertIn("GPUMEM_ALLOC_CONF", err)
+        self.assertIn("sideways", err)
+
+    def test_c_interface_refuses_bad_input_without_crashing(self):
+        self.check("""
+            lib.gpumem_malloc.restype = ctypes.c_void_p
+            lib.gpumem_malloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+            lib.gpumem_last_error.restype = ctypes.c_char_p
+            assert lib.gpumem_malloc(-5, 0, None) is None
+            assert b"negative size" in lib.gpumem_last_error()
+            assert lib.gpumem_malloc(1024, 9, None) is None      # one simulated GPU
+            lib.gpumem_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+            lib.gpumem_free(ctypes.c_void_p(12345), 0, 0, None)   # reported, not fatal
+            assert b"not allocated by gpumem" in lib.gpumem_last_error()
+            lib.gpumem_memory_summary.restype = ctypes.c_size_t
+            assert lib.gpumem_memory_summary(-1, None, 0) == ctypes.c_size_t(-1).value
+            p = lib.gpumem_malloc(1024, 0, None)
+            assert p
+            lib.gpumem_free(ctypes.c_void_p(p), 1024, 0, None)
+        """)
+
+
+if __name__ == "__main__":
+    PLUGIN, CUDASIM = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    unittest.main(argv=[sys.argv[0], "-v"] + sys.argv[3:])

@@ -1,0 +1,51 @@
+/* gpumem's LibTorch plugin, libgpumem_torch.so — its C interface.
+ *
+ * Loading the library (torch.ops.load_library(path) or ctypes.CDLL(path), before the first CUDA
+ * tensor) makes gpumem PyTorch's CUDA allocator, configured from GPUMEM_ALLOC_CONF on top of
+ * PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF. A problem (a malformed setting, loading too late)
+ * is reported once on stderr at load, and PyTorch's allocator stays in place.
+ *
+ * The functions below never throw and never abort. Those returning int give 0 on success and -1
+ * on failure, with gpumem_last_error() saying why (per thread).
+ */
+#ifndef GPUMEM_TORCH_H
+#define GPUMEM_TORCH_H
+
+#include <stddef.h>
+#include <sys/types.h> /* ssize_t */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct CUstream_st* gpumem_stream_t; /* cudaStream_t */
+
+/* 1 when gpumem is PyTorch's CUDA allocator in this process, else 0. */
+int gpumem_installed(void);
+
+/* Why the last failing call of this thread failed ("" when none has). */
+const char* gpumem_last_error(void);
+
+/* torch.cuda.memory.CUDAPluggableAllocator(path, "gpumem_malloc", "gpumem_free"): allocate on
+ * `device` for use on `stream`; NULL on failure (an out-of-memory message is in
+ * gpumem_last_error and on stderr). Freeing a pointer gpumem does not own is reported, not fatal.
+ */
+void* gpumem_malloc(ssize_t size, int device, gpumem_stream_t stream);
+void gpumem_free(void* ptr, ssize_t size, int device, gpumem_stream_t stream);
+
+/* gpumem's memory summary of `device` (PyTorch's table, then gpumem's section) or its statistics
+ * as JSON with torch.cuda.memory_stats()'s keys, written to buf (at most len bytes with the
+ * terminating NUL). Returns the full length without the NUL (call with len 0 to size the buffer),
+ * or (size_t)-1 on failure. */
+size_t gpumem_memory_summary(int device, char* buf, size_t len);
+size_t gpumem_memory_stats_json(int device, char* buf, size_t len);
+
+/* torch.cuda.empty_cache() / reset_peak_memory_stats(device) for gpumem. */
+int gpumem_empty_cache(void);
+int gpumem_reset_peak_stats(int device);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GPUMEM_TORCH_H */
