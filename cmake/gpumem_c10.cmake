@@ -48,6 +48,12 @@ if(_gpumem_torch_dir)
       target_include_directories(gpumem_c10_cuda SYSTEM INTERFACE "${_gpumem_torch_dir}/include")
       target_link_libraries(gpumem_c10_cuda INTERFACE "${GPUMEM_C10_CUDA_LIBRARY}" "${GPUMEM_C10_LIBRARY}")
       target_compile_definitions(gpumem_c10_cuda INTERFACE _GLIBCXX_USE_CXX11_ABI=${_gpumem_torch_abi})
+      # Newer torch headers use C++20 (operator<=> in c10/util/intrusive_ptr.h, torch 2.15).
+      file(STRINGS "${_gpumem_torch_dir}/include/c10/util/intrusive_ptr.h" _gpumem_spaceship
+           REGEX "operator<=>" LIMIT_COUNT 1)
+      if(_gpumem_spaceship)
+        target_compile_features(gpumem_c10_cuda INTERFACE cxx_std_20)
+      endif()
     endif()
     message(STATUS "gpumem: PyTorch's c10 ${GPUMEM_TORCH_VERSION} found in ${_gpumem_torch_dir}")
   else()
