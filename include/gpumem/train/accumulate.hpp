@@ -56,17 +56,17 @@ class dynamic_loss_scaler {
   }
 
   double scale() const noexcept { return scale_; }
-  torch::Tensor scale(const torch::Tensor& loss) const { return loss * scale_; }
+  ::torch::Tensor scale(const ::torch::Tensor& loss) const { return loss * scale_; }
 
   /// Divides every defined gradient by the scale; returns true when any is inf or NaN.
-  bool unscale(const std::vector<torch::Tensor>& params) const {
-    torch::NoGradGuard no_grad;
+  bool unscale(const std::vector<::torch::Tensor>& params) const {
+    ::torch::NoGradGuard no_grad;
     bool found_inf = false;
-    for (const torch::Tensor& p : params) {
-      torch::Tensor g = p.grad();
+    for (const ::torch::Tensor& p : params) {
+      ::torch::Tensor g = p.grad();
       if (!g.defined()) continue;
       g.div_(scale_);
-      if (!found_inf && !torch::isfinite(g).all().item<bool>()) found_inf = true;
+      if (!found_inf && !::torch::isfinite(g).all().item<bool>()) found_inf = true;
     }
     return found_inf;
   }
@@ -101,7 +101,7 @@ class gradient_accumulator {
  public:
   /// `comm` and `scaler` are optional and must outlive the accumulator. Throws
   /// std::invalid_argument for steps == 0, a negative or NaN max_grad_norm, or bucket_bytes == 0.
-  gradient_accumulator(torch::optim::Optimizer& optimizer, accumulation_options options,
+  gradient_accumulator(::torch::optim::Optimizer& optimizer, accumulation_options options,
                        communicator* comm = nullptr, dynamic_loss_scaler* scaler = nullptr)
       : optimizer_(optimizer), options_(options), comm_(comm), scaler_(scaler) {
     if (options.steps == 0) {
@@ -119,8 +119,8 @@ class gradient_accumulator {
 
   /// Backward of loss / K (times the loss scale). Returns true when this call closed a window
   /// (whether or not the step was skipped for inf/NaN: see last_step_skipped()).
-  bool backward(const torch::Tensor& loss) {
-    torch::Tensor scaled = loss / static_cast<double>(options_.steps);
+  bool backward(const ::torch::Tensor& loss) {
+    ::torch::Tensor scaled = loss / static_cast<double>(options_.steps);
     if (scaler_ != nullptr) scaled = scaler_->scale(scaled);
     scaled.backward();
     if (++micro_step_ < options_.steps) return false;
@@ -139,10 +139,10 @@ class gradient_accumulator {
   std::size_t communicator_calls() const noexcept { return communicator_calls_; }
 
  private:
-  std::vector<torch::Tensor> parameters() const {
-    std::vector<torch::Tensor> params;
+  std::vector<::torch::Tensor> parameters() const {
+    std::vector<::torch::Tensor> params;
     for (const auto& group : optimizer_.param_groups()) {
-      for (const torch::Tensor& p : group.params()) {
+      for (const ::torch::Tensor& p : group.params()) {
         if (p.requires_grad()) params.push_back(p);
       }
     }
@@ -150,14 +150,14 @@ class gradient_accumulator {
   }
 
   void close_window() {
-    const std::vector<torch::Tensor> params = parameters();
+    const std::vector<::torch::Tensor> params = parameters();
     if (comm_ != nullptr && comm_->world_size() > 1) {
       average_across_ranks(params);
       ++communicator_calls_;
     }
     const bool found_inf = scaler_ != nullptr && scaler_->unscale(params);
     if (!found_inf && options_.max_grad_norm > 0.0) {
-      torch::nn::utils::clip_grad_norm_(params, options_.max_grad_norm);
+      ::torch::nn::utils::clip_grad_norm_(params, options_.max_grad_norm);
     }
     skipped_ = found_inf;
     if (!found_inf) {
@@ -171,20 +171,20 @@ class gradient_accumulator {
   // Packs the gradients into flat buckets (per dtype and device, in parameter order, at most
   // bucket_bytes each unless one gradient is larger), averages them, and copies them back only
   // once the communicator succeeded.
-  void average_across_ranks(const std::vector<torch::Tensor>& params) {
-    torch::NoGradGuard no_grad;
+  void average_across_ranks(const std::vector<::torch::Tensor>& params) {
+    ::torch::NoGradGuard no_grad;
     struct bucket {
-      std::vector<torch::Tensor> grads;
+      std::vector<::torch::Tensor> grads;
       std::size_t bytes = 0;
     };
     std::vector<bucket> buckets;
-    for (const torch::Tensor& p : params) {
-      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);  // same layout everywhere
-      const torch::Tensor& g = p.grad();
+    for (const ::torch::Tensor& p : params) {
+      if (!p.grad().defined()) p.mutable_grad() = ::torch::zeros_like(p);  // same layout everywhere
+      const ::torch::Tensor& g = p.grad();
       const std::size_t bytes = static_cast<std::size_t>(g.numel()) * g.element_size();
       bucket* target = nullptr;
       for (auto it = buckets.rbegin(); it != buckets.rend(); ++it) {
-        const torch::Tensor& first = it->grads.front();
+        const ::torch::Tensor& first = it->grads.front();
         if (first.scalar_type() == g.scalar_type() && first.device() == g.device()) {
           if (it->bytes + bytes <= options_.bucket_bytes) target = &*it;
           break;
@@ -194,24 +194,24 @@ class gradient_accumulator {
       target->grads.push_back(g);
       target->bytes += bytes;
     }
-    std::vector<torch::Tensor> flat;
+    std::vector<::torch::Tensor> flat;
     flat.reserve(buckets.size());
     for (const bucket& b : buckets) {
-      std::vector<torch::Tensor> pieces;
-      for (const torch::Tensor& g : b.grads) pieces.push_back(g.reshape({-1}));
-      flat.push_back(torch::cat(pieces));
+      std::vector<::torch::Tensor> pieces;
+      for (const ::torch::Tensor& g : b.grads) pieces.push_back(g.reshape({-1}));
+      flat.push_back(::torch::cat(pieces));
     }
     comm_->all_reduce_average(flat);
     for (std::size_t i = 0; i < buckets.size(); ++i) {
       int64_t offset = 0;
-      for (const torch::Tensor& g : buckets[i].grads) {
+      for (const ::torch::Tensor& g : buckets[i].grads) {
         g.copy_(flat[i].narrow(0, offset, g.numel()).view_as(g));
         offset += g.numel();
       }
     }
   }
 
-  torch::optim::Optimizer& optimizer_;
+  ::torch::optim::Optimizer& optimizer_;
   accumulation_options options_;
   communicator* comm_;
   dynamic_loss_scaler* scaler_;

@@ -1,7 +1,7 @@
 // gpumem — activation checkpointing for the LibTorch C++ frontend.
 //
-//   torch::Tensor y = gpumem::train::checkpoint([&](torch::Tensor x) { return block->forward(x); },
-//   x); torch::Tensor z = gpumem::train::checkpoint_sequential(model, /*segments=*/4, x);
+//   auto y = gpumem::train::checkpoint([&](torch::Tensor x) { return block->forward(x); }, x);
+//   auto z = gpumem::train::checkpoint_sequential(model, /*segments=*/4, x);
 //
 // checkpoint(fn, inputs...) runs `fn` without keeping the activations it creates, and runs it again
 // during backward to compute its gradients (PyTorch's torch.utils.checkpoint, re-entrant variant).
@@ -30,30 +30,31 @@
 namespace gpumem::train {
 
 /// A function of a list of tensors returning a list of tensors (what checkpoint recomputes).
-using tensor_list_fn = std::function<std::vector<torch::Tensor>(const std::vector<torch::Tensor>&)>;
+using tensor_list_fn =
+    std::function<std::vector<::torch::Tensor>(const std::vector<::torch::Tensor>&)>;
 
 namespace detail {
 
 // The random-number states a recomputation must see again: the CPU generator's and those of the
 // CUDA devices the inputs live on.
 struct rng_states {
-  torch::Tensor cpu;
-  std::vector<std::pair<c10::Device, torch::Tensor>> cuda;
+  ::torch::Tensor cpu;
+  std::vector<std::pair<c10::Device, ::torch::Tensor>> cuda;
 
-  static torch::Tensor get(at::Generator g) {
+  static ::torch::Tensor get(at::Generator g) {
     std::lock_guard<std::mutex> lock(g.mutex());
     return g.get_state();
   }
-  static void set(at::Generator g, const torch::Tensor& state) {
+  static void set(at::Generator g, const ::torch::Tensor& state) {
     std::lock_guard<std::mutex> lock(g.mutex());
     g.set_state(state);
   }
 
-  static rng_states capture(const std::vector<torch::Tensor>& inputs) {
+  static rng_states capture(const std::vector<::torch::Tensor>& inputs) {
     rng_states s;
     auto& context = at::globalContext();
     s.cpu = get(context.defaultGenerator(c10::Device(c10::DeviceType::CPU)));
-    for (const torch::Tensor& t : inputs) {
+    for (const ::torch::Tensor& t : inputs) {
       if (!t.defined() || !t.is_cuda()) continue;
       const c10::Device d = t.device();
       bool seen = false;
@@ -71,25 +72,25 @@ struct rng_states {
 };
 
 // What the backward needs besides the saved inputs: the function and the random-number states.
-struct checkpoint_state : torch::CustomClassHolder {
+struct checkpoint_state : ::torch::CustomClassHolder {
   tensor_list_fn fn;
   rng_states rng;
 };
 
-struct checkpoint_function : torch::autograd::Function<checkpoint_function> {
-  static std::vector<torch::Tensor> forward(torch::autograd::AutogradContext* ctx,
-                                            tensor_list_fn fn, at::TensorList inputs) {
+struct checkpoint_function : ::torch::autograd::Function<checkpoint_function> {
+  static std::vector<::torch::Tensor> forward(::torch::autograd::AutogradContext* ctx,
+                                              tensor_list_fn fn, at::TensorList inputs) {
     auto state = c10::make_intrusive<checkpoint_state>();
     state->fn = std::move(fn);
     // The last input is the anchor (see checkpoint()), not an argument of fn.
-    std::vector<torch::Tensor> args(inputs.begin(), inputs.end() - 1);
+    std::vector<::torch::Tensor> args(inputs.begin(), inputs.end() - 1);
     state->rng = rng_states::capture(args);
-    std::vector<torch::Tensor> outputs;
+    std::vector<::torch::Tensor> outputs;
     {
-      torch::NoGradGuard no_grad;  // the activations of fn are not kept
+      ::torch::NoGradGuard no_grad;  // the activations of fn are not kept
       outputs = state->fn(args);
     }
-    for (const torch::Tensor& out : outputs) {
+    for (const ::torch::Tensor& out : outputs) {
       if (out.defined() && !out.is_floating_point() && !out.is_complex()) {
         ctx->mark_non_differentiable({out});
       }
@@ -99,28 +100,28 @@ struct checkpoint_function : torch::autograd::Function<checkpoint_function> {
     return outputs;
   }
 
-  static std::vector<torch::Tensor> backward(torch::autograd::AutogradContext* ctx,
-                                             std::vector<torch::Tensor> grad_outputs) {
+  static std::vector<::torch::Tensor> backward(::torch::autograd::AutogradContext* ctx,
+                                               std::vector<::torch::Tensor> grad_outputs) {
     auto state =
         c10::static_intrusive_pointer_cast<checkpoint_state>(ctx->saved_data["state"].toCapsule());
-    std::vector<torch::Tensor> saved = ctx->get_saved_variables();
-    std::vector<torch::Tensor> inputs;
+    std::vector<::torch::Tensor> saved = ctx->get_saved_variables();
+    std::vector<::torch::Tensor> inputs;
     inputs.reserve(saved.size());
-    for (const torch::Tensor& t : saved) {
+    for (const ::torch::Tensor& t : saved) {
       if (!t.defined()) {
         inputs.push_back(t);
         continue;
       }
-      torch::Tensor leaf = t.detach();
+      ::torch::Tensor leaf = t.detach();
       leaf.requires_grad_(t.requires_grad());
       inputs.push_back(std::move(leaf));
     }
     // Recompute with the forward's random-number states, then put the current ones back.
     const rng_states now = rng_states::capture(inputs);
     state->rng.restore();
-    std::vector<torch::Tensor> outputs;
+    std::vector<::torch::Tensor> outputs;
     try {
-      torch::AutoGradMode grad(true);
+      ::torch::AutoGradMode grad(true);
       outputs = state->fn(inputs);
     } catch (...) {
       now.restore();
@@ -133,20 +134,20 @@ struct checkpoint_function : torch::autograd::Function<checkpoint_function> {
                              std::to_string(grad_outputs.size()) +
                              " (the function must be deterministic)");
     }
-    std::vector<torch::Tensor> with_grad;
-    std::vector<torch::Tensor> grads;
+    std::vector<::torch::Tensor> with_grad;
+    std::vector<::torch::Tensor> grads;
     for (std::size_t i = 0; i < outputs.size(); ++i) {
       if (outputs[i].defined() && outputs[i].requires_grad() && grad_outputs[i].defined()) {
         with_grad.push_back(outputs[i]);
         grads.push_back(grad_outputs[i]);
       }
     }
-    if (!with_grad.empty()) torch::autograd::backward(with_grad, grads);
-    std::vector<torch::Tensor> result;  // one per forward argument: fn, each input, the anchor
+    if (!with_grad.empty()) ::torch::autograd::backward(with_grad, grads);
+    std::vector<::torch::Tensor> result;  // one per forward argument: fn, each input, the anchor
     result.reserve(2 + inputs.size());
     result.emplace_back();
-    for (const torch::Tensor& in : inputs) {
-      result.push_back(in.defined() && in.requires_grad() ? in.grad() : torch::Tensor());
+    for (const ::torch::Tensor& in : inputs) {
+      result.push_back(in.defined() && in.requires_grad() ? in.grad() : ::torch::Tensor());
     }
     result.emplace_back();
     return result;
@@ -156,14 +157,14 @@ struct checkpoint_function : torch::autograd::Function<checkpoint_function> {
 template <class T>
 struct is_tensor_vector : std::false_type {};
 template <>
-struct is_tensor_vector<std::vector<torch::Tensor>> : std::true_type {};
+struct is_tensor_vector<std::vector<::torch::Tensor>> : std::true_type {};
 
 // fn(args[0], args[1], ...) as a list of tensors.
 template <class F, std::size_t... I>
-std::vector<torch::Tensor> call_with_list(const F& f, const std::vector<torch::Tensor>& args,
-                                          std::index_sequence<I...>) {
+std::vector<::torch::Tensor> call_with_list(const F& f, const std::vector<::torch::Tensor>& args,
+                                            std::index_sequence<I...>) {
   auto r = f(args[I]...);
-  if constexpr (std::is_same_v<decltype(r), torch::Tensor>) {
+  if constexpr (std::is_same_v<decltype(r), ::torch::Tensor>) {
     return {std::move(r)};
   } else {
     return r;
@@ -175,31 +176,32 @@ std::vector<torch::Tensor> call_with_list(const F& f, const std::vector<torch::T
 /// Runs fn(inputs) without keeping its activations; they are recomputed during backward.
 /// Returns fn's outputs (connected to the autograd graph when any input or parameter used by fn
 /// requires grad). Throws std::invalid_argument for an empty `fn`.
-inline std::vector<torch::Tensor> checkpoint(tensor_list_fn fn,
-                                             const std::vector<torch::Tensor>& inputs) {
+inline std::vector<::torch::Tensor> checkpoint(tensor_list_fn fn,
+                                               const std::vector<::torch::Tensor>& inputs) {
   if (!fn) throw std::invalid_argument("gpumem::train::checkpoint: empty function");
   // An empty tensor that requires grad puts the checkpoint in the graph even when no input does:
   // the parameters fn uses still get their gradients (torch.utils.checkpoint's reentrant variant
   // would lose them).
-  std::vector<torch::Tensor> args(inputs);
-  args.push_back(torch::empty({0}, torch::requires_grad(torch::GradMode::is_enabled())));
+  std::vector<::torch::Tensor> args(inputs);
+  args.push_back(::torch::empty({0}, ::torch::requires_grad(::torch::GradMode::is_enabled())));
   return detail::checkpoint_function::apply(std::move(fn), at::TensorList(args));
 }
 
 /// checkpoint for a callable taking tensors: fn(a, b, ...) returning a torch::Tensor or a
 /// std::vector<torch::Tensor>; the result has the same type.
 template <class Fn, class... Tensors,
-          class = std::enable_if_t<(std::is_convertible_v<Tensors, torch::Tensor> && ...)>>
+          class = std::enable_if_t<(std::is_convertible_v<Tensors, ::torch::Tensor> && ...)>>
 auto checkpoint(Fn&& fn, const Tensors&... inputs) {
   using result = std::decay_t<std::invoke_result_t<Fn&, const Tensors&...>>;
-  static_assert(std::is_same_v<result, torch::Tensor> || detail::is_tensor_vector<result>::value,
-                "gpumem::train::checkpoint: the function must return torch::Tensor or "
-                "std::vector<torch::Tensor>");
-  tensor_list_fn list_fn = [f = std::forward<Fn>(fn)](const std::vector<torch::Tensor>& args) {
+  static_assert(std::is_same_v<result, ::torch::Tensor> || detail::is_tensor_vector<result>::value,
+                "gpumem::train::checkpoint: the function must return ::torch::Tensor or "
+                "std::vector<::torch::Tensor>");
+  tensor_list_fn list_fn = [f = std::forward<Fn>(fn)](const std::vector<::torch::Tensor>& args) {
     return detail::call_with_list(f, args, std::index_sequence_for<Tensors...>{});
   };
-  std::vector<torch::Tensor> outputs = checkpoint(std::move(list_fn), {torch::Tensor(inputs)...});
-  if constexpr (std::is_same_v<result, torch::Tensor>) {
+  std::vector<::torch::Tensor> outputs =
+      checkpoint(std::move(list_fn), {::torch::Tensor(inputs)...});
+  if constexpr (std::is_same_v<result, ::torch::Tensor>) {
     return outputs.at(0);
   } else {
     return outputs;
@@ -211,15 +213,15 @@ auto checkpoint(Fn&& fn, const Tensors&... inputs) {
 /// last, which runs normally (its activations are needed right away by backward). Every module
 /// must take and return one tensor. Throws std::invalid_argument unless
 /// 1 <= segments <= number of modules.
-inline torch::Tensor checkpoint_sequential(torch::nn::Sequential& sequential, std::size_t segments,
-                                           torch::Tensor input) {
+inline ::torch::Tensor checkpoint_sequential(::torch::nn::Sequential& sequential,
+                                             std::size_t segments, ::torch::Tensor input) {
   const std::size_t n = sequential->size();
   if (segments < 1 || segments > n) {
     throw std::invalid_argument(
         "gpumem::train::checkpoint_sequential: " + std::to_string(segments) + " segments for " +
         std::to_string(n) + " modules (need 1 to " + std::to_string(n) + ")");
   }
-  auto run = [&sequential](std::size_t begin, std::size_t end, torch::Tensor x) {
+  auto run = [&sequential](std::size_t begin, std::size_t end, ::torch::Tensor x) {
     for (auto it = sequential->begin() + static_cast<std::ptrdiff_t>(begin);
          it != sequential->begin() + static_cast<std::ptrdiff_t>(end); ++it) {
       x = it->forward(x);
@@ -230,7 +232,7 @@ inline torch::Tensor checkpoint_sequential(torch::nn::Sequential& sequential, st
   std::size_t begin = 0;
   for (std::size_t s = 0; s + 1 < segments; ++s) {
     const std::size_t end = begin + per_segment;
-    input = checkpoint([run, begin, end](torch::Tensor x) { return run(begin, end, x); }, input);
+    input = checkpoint([run, begin, end](::torch::Tensor x) { return run(begin, end, x); }, input);
     begin = end;
   }
   return run(begin, n, input);

@@ -29,7 +29,7 @@ class communicator {
   /// Replaces every tensor of `buckets` by its average over all ranks. Collective: every rank
   /// calls it with the same number of buckets, each of the same size and dtype as on the other
   /// ranks. Throws (std::runtime_error or a subclass) on failure; the buckets are then unspecified.
-  virtual void all_reduce_average(std::vector<torch::Tensor>& buckets) = 0;
+  virtual void all_reduce_average(std::vector<::torch::Tensor>& buckets) = 0;
 };
 
 /// The meeting point of the ranks of an in_process_communicator: one per simulated job.
@@ -52,7 +52,7 @@ class in_process_group {
 
   // Every rank deposits its buckets; the last to arrive checks that they match, averages them in
   // rank order (the same result on every rank, bit for bit) and releases the others.
-  void all_reduce_average(int rank, std::vector<torch::Tensor>& buckets) {
+  void all_reduce_average(int rank, std::vector<::torch::Tensor>& buckets) {
     std::unique_lock<std::mutex> lock(mutex_);
     const std::uint64_t generation = generation_;
     slots_[static_cast<std::size_t>(rank)] = &buckets;
@@ -79,9 +79,9 @@ class in_process_group {
   }
 
   void reduce_locked() {
-    const std::vector<torch::Tensor>& first = *slots_[0];
+    const std::vector<::torch::Tensor>& first = *slots_[0];
     for (int r = 1; r < world_size_; ++r) {
-      const std::vector<torch::Tensor>& other = *slots_[static_cast<std::size_t>(r)];
+      const std::vector<::torch::Tensor>& other = *slots_[static_cast<std::size_t>(r)];
       if (other.size() != first.size()) {
         error_ = "gpumem::train::in_process_communicator: rank " + std::to_string(r) + " has " +
                  std::to_string(other.size()) + " buckets, rank 0 has " +
@@ -98,8 +98,8 @@ class in_process_group {
       }
     }
     for (std::size_t b = 0; b < first.size(); ++b) {
-      torch::NoGradGuard no_grad;
-      torch::Tensor sum = slots_[0]->at(b).clone();
+      ::torch::NoGradGuard no_grad;
+      ::torch::Tensor sum = slots_[0]->at(b).clone();
       for (int r = 1; r < world_size_; ++r) sum.add_(slots_[static_cast<std::size_t>(r)]->at(b));
       sum.div_(world_size_);
       for (int r = 0; r < world_size_; ++r) slots_[static_cast<std::size_t>(r)]->at(b).copy_(sum);
@@ -110,7 +110,7 @@ class in_process_group {
   const std::chrono::milliseconds timeout_;
   std::mutex mutex_;
   std::condition_variable done_;
-  std::vector<std::vector<torch::Tensor>*> slots_;
+  std::vector<std::vector<::torch::Tensor>*> slots_;
   int arrived_ = 0;
   std::uint64_t generation_ = 0;
   std::string error_;  // a mismatch found by the last reduction, reported on every rank
@@ -130,7 +130,7 @@ class in_process_communicator final : public communicator {
   }
   int rank() const override { return rank_; }
   int world_size() const override { return group_->world_size(); }
-  void all_reduce_average(std::vector<torch::Tensor>& buckets) override {
+  void all_reduce_average(std::vector<::torch::Tensor>& buckets) override {
     group_->all_reduce_average(rank_, buckets);
   }
 
