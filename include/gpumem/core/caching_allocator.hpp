@@ -678,9 +678,10 @@ class caching_allocator {
   // Returns an unsplit free block's whole segment to the device.
   void release_block(block_type* b) {
     segment_type* s = b->seg;
+    // Before the memory goes: an observer may have to deregister it (NCCL).
+    if (observer_) notify(allocator_action::segment_free, s->ptr, s->size, b->owner->stream);
     device_.deallocate(reinterpret_cast<void*>(s->ptr), s->size);
     ++stats_.num_device_free;
-    if (observer_) notify(allocator_action::segment_free, s->ptr, s->size, b->owner->stream);
     reserved_total_ -= s->size;
     pool_type& p = *b->owner;
     counts_.decrease(p.is_small, counter::segment, 1);
@@ -1150,9 +1151,10 @@ class caching_allocator {
       const std::size_t n = last - first;
       const std::uintptr_t range_lo = s->ptr + first * page;
       const std::uintptr_t range_hi = s->ptr + last * page;
-      device_.unmap(range_lo, range_hi - range_lo);
-      if (observer_)
+      if (observer_) {  // before the pages go: an observer may have to deregister them
         notify(allocator_action::segment_unmap, range_lo, range_hi - range_lo, p.stream);
+      }
+      device_.unmap(range_lo, range_hi - range_lo);
       for (std::size_t i = first; i < last; ++i) {
         const std::uint64_t h = s->pages[i];
         s->pages[i] = 0;
