@@ -149,10 +149,14 @@ void data_parallel(int world, std::size_t k, std::size_t bucket_bytes) {
   auto group = std::make_shared<in_process_group>(world);
   std::vector<std::vector<torch::Tensor>> results(static_cast<std::size_t>(world));
   std::vector<std::size_t> calls(static_cast<std::size_t>(world));
+  // Models are made here, one after the other: their initialisation draws from the one global
+  // random-number generator, which the rank threads must not race for.
+  std::vector<torch::nn::Sequential> models;
+  for (int r = 0; r < world; ++r) models.push_back(make_model());
   std::vector<std::thread> ranks;
   for (int r = 0; r < world; ++r) {
     ranks.emplace_back([&, r] {
-      torch::nn::Sequential m = make_model();
+      torch::nn::Sequential m = models[static_cast<std::size_t>(r)];
       torch::optim::SGD opt(m->parameters(), 0.1);
       in_process_communicator comm(group, r);
       gradient_accumulator acc(opt, {k, 0.0, bucket_bytes}, &comm);
