@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# gpumem's reliability figures (README.md, "Reliability"), from scratch, on any Linux machine:
+#   1. the test suite built with AddressSanitizer + UndefinedBehaviorSanitizer and run (ctest; the
+#      tests that need torch or a GPU are left out of that build);
+#   2. the concurrency stress test (threads x streams x sizes, record_stream, empty_cache, the
+#      pinned pool) built with ThreadSanitizer and run;
+#   3. the five libFuzzer targets (clang; ASan + UBSan), corpora seeded from the bundled traces,
+#      each run for GPUMEM_FUZZ_SECONDS (default 60);
+#   4. a table of the figures, also written to ${OUT:-build-reliability}/reliability.md.
+#
+#   bash tools/reliability.sh          (GPUMEM_FUZZ_SECONDS=10 GPUMEM_STRESS_OPS=20000 to size it)
+# Exit status: 0 when every run is clean; 1 otherwise (the later steps still run).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash tools/setup.sh || exit 1
+if ! command -v clang++ >/dev/null; then
+  echo "reliability: installing clang (libFuzzer)" >&2
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq clang >/dev/null
+fi
+out=${OUT:-build-reliability}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+fuzz_seconds=${GPUMEM_FUZZ_SECONDS:-60}
+stress_ops=${GPUMEM_STRESS_OPS:-20000}
+jobs=$(nproc)
+status=0
+common=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGPUMEM_TORCH_PYTHON= -DGPUMEM_BUILD_BENCHMARKS=OFF
+  -DGPUMEM_BUILD_EXAMPLES=OFF -DGPUMEM_TEST_PACKAGING=OFF -DGPUMEM_INSTALL=OFF)
+step() { echo "== reliability: $*" >&2; }
+
+# 1. ASan + UBSan
+step "test suite under AddressSanitizer + UndefinedBehaviorSanitizer"
+asan_tests="not run"
+if cmake -S . -B build-asan "${common[@]}" -DGPUMEM_SANITIZE=address,undefined >/dev/null &&
+  cmake --build build-asan -j"$jobs" >"$out/asan-build.log" 2>&1; then
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --test-dir build-asan -j"$jobs" -LE "gpu|torch|python" --output-on-failure >"$out/asan-ctest.log" 2>&1 ||
+    status=1
+  asan_tests=$(grep -E "tests passed|tests failed" "$out/asan-ctest.log" | tail -1)
+else
+  status=1
+  asan_tests="build failed (see $out/asan-build.log)"
+fi
+echo "   $asan_tests" >&2
+
+# 2. TSan stress
+step "concurrency stress under ThreadSanitizer ($stress_ops operations per thread)"
+tsan_result="not run"
+if cmake -S . -B build-tsan "${common[@]}" -DGPUMEM_SANITIZE=thread -DGPUMEM_BUILD_TOOLS=OFF >/dev/null &&
+  cmake --build build-tsan -j"$jobs" --target gpumem_test_stress >"$out/tsan-build.log" 2>&1; then
+  if GPUMEM_STRESS_OPS=$stress_ops TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/gpumem_test_stress \
+    >"$out/tsan-stress.log" 2>&1; then
+    tsan_result="clean"
+  else
+    tsan_result="FAILED (see $out/tsan-stress.log)"
+    status=1
+  fi
+else
+  status=1
+  tsan_result="build failed (see $out/tsan-build.log)"
+fi
+stress_ops_total=$(sed -n 's/^gpumem stress: .*: \([0-9]*\) operations.*/\1/p' "$out/tsan-stress.log" 2>/dev/null |
+  awk '{s += $1} END {print s + 0}')
+echo "   $tsan_result, $stress_ops_total operations" >&2
+
+# 3. Fuzzers
+step "libFuzzer targets, $fuzz_seconds s each"
+fuzz_rows=()
+if CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGPUMEM_BUILD_FUZZERS=ON \
+  -DGPUMEM_BUILD_TESTS=OFF -DGPUMEM_BUILD_TOOLS=OFF -DGPUMEM_BUILD_BENCHMARKS=OFF \
+  -DGPUMEM_BUILD_EXAMPLES=OFF -DGPUMEM_INSTALL=OFF >/dev/null &&
+  cmake --build build-fuzz -j"$jobs" >"$out/fuzz-build.log" 2>&1; then
+  corpus=$out/corpus
+  rm -rf "$corpus"
+  mkdir -p "$corpus"/{config,native_trace,rmm_csv,pytorch_snapshot,allocator_ops}
+  cp examples/traces/*.trace "$corpus/native_trace/"
+  printf '%s' "max_split_size_mb:128,roundup_power2_divisions:[256:1,512:2,>:4]" >"$corpus/config/a"
+  printf '%s' "expandable_segments:True,garbage_collection_threshold:0.6,policy:stitch" >"$corpus/config/b"
+  printf '%s' "per_process_memory_fraction:0.5,pinned_num_register_threads:8" >"$corpus/config/c"
+  # RMM CSV and PyTorch pickle seeds: a bundled trace converted and exported by gpumem-replay.
+  if cmake -S . -B build-asan >/dev/null 2>&1 && [ -x build-asan/tools/replay/gpumem-replay ]; then
+    replay=build-asan/tools/replay/gpumem-replay
+    seed=examples/traces/resnet50-b32.trace
+    "$replay" "$seed" --convert "$corpus/rmm_csv/seed.csv" >/dev/null 2>&1 || true
+    "$replay" "$seed" --export-snapshot "$corpus/pytorch_snapshot/seed.pickle" >/dev/null 2>&1 || true
+  fi
+  head -c 3000 /dev/urandom >"$corpus/allocator_ops/random"
+  for name in config native_trace rmm_csv pytorch_snapshot allocator_ops; do
+    log=$out/fuzz_$name.log
+    if build-fuzz/tests/fuzz/fuzz_$name "$corpus/$name" -max_total_time="$fuzz_seconds" -max_len=65536 \
+      -print_final_stats=1 >"$log" 2>&1; then
+      runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+      fuzz_rows+=("| fuzz_$name | ${runs:-?} | clean |")
+    else
+      fuzz_rows+=("| fuzz_$name | - | FINDING (see $log) |")
+      status=1
+    fi
+  done
+else
+  status=1
+  fuzz_rows+=("| (fuzzers) | - | build failed (see $out/fuzz-build.log) |")
+fi
+
+# 4. Figures
+fault_tests=$(grep -cE "Test +#[0-9]+: (FaultInjection|SimulatedFaults|CudaSimFaults|.*Fault)" "$out/asan-ctest.log" 2>/dev/null || echo 0)
+{
+  echo "| run | result |"
+  echo "|---|---|"
+  echo "| test suite, ASan + UBSan (tests needing torch or a GPU left out) | $asan_tests |"
+  echo "| of which fault-injection tests (every call index of representative sequences, every policy, the pinned pool) | $fault_tests, all under ASan |"
+  echo "| concurrency stress, TSan: $stress_ops_total operations on 4 threads (4 allocator configs + the pinned pool) | $tsan_result |"
+  echo
+  echo "| fuzz target ($fuzz_seconds s, ASan + UBSan) | executions | result |"
+  echo "|---|---:|---|"
+  printf '%s\n' "${fuzz_rows[@]}"
+  echo
+  echo "Invariant violations: $([ $status = 0 ] && echo 0 || echo 'see the logs above') (the allocator checker runs after every fuzzed operation)."
+  echo "Machine: $(lscpu | sed -n 's/^Model name: *//p') ($(nproc) cores); $(g++ --version | head -1); $(clang++ --version | head -1)."
+} | tee "$out/reliability.md"
+exit $status
