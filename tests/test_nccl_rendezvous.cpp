@@ -5,6 +5,11 @@
 #include <thread>
 #include <vector>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include "gpumem/nccl/detail/tcp_rendezvous.hpp"
@@ -13,9 +18,21 @@ namespace {
 
 using gpumem::nccl::detail::exchange;
 
+// A port nobody listens on now: the kernel's pick for a socket bound to port 0 (tests run in
+// parallel processes, so fixed or pid-derived ports collide).
 int free_port() {
-  static int next = 20000 + static_cast<int>(::getpid() % 20000);
-  return next++;
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  socklen_t length = sizeof address;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    throw std::runtime_error("cannot find a free port");
+  }
+  ::close(fd);
+  return ntohs(address.sin_port);
 }
 
 TEST(TcpRendezvous, RankZeroHandsItsBytesToEveryRank) {
