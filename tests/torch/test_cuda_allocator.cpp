@@ -218,8 +218,12 @@ TEST_F(Installed, RecordStreamDefersReuseUntilTheStreamsWorkIsDone) {
   c10_alloc::recordStream(p, side);
   p.clear();
   EXPECT_EQ(c10_alloc::getDeviceStats(0).active[all].current, 1);  // waits for `side`
-  std::this_thread::sleep_for(std::chrono::milliseconds(400));
-  c10_alloc::raw_delete(c10_alloc::raw_alloc(512));  // retires completed events
+  // The simulated clock may run ahead of the wall clock (an earlier stream wait jumps it to the
+  // awaited completion), so poll for up to 3 s rather than sleeping the delay once.
+  for (int i = 0; i < 30 && c10_alloc::getDeviceStats(0).active[all].current != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    c10_alloc::raw_delete(c10_alloc::raw_alloc(512));  // retires completed events
+  }
   EXPECT_EQ(c10_alloc::getDeviceStats(0).active[all].current, 0);
   c10::DataPtr foreign(nullptr, c10::Device(c10::DeviceType::CUDA, 0));
   c10_alloc::recordStream(foreign, side);  // not gpumem's: ignored, as PyTorch does

@@ -188,6 +188,8 @@ class caching_allocator {
         for (auto& pe : queue) device_.destroy_event(pe.event);
       }
       for (event_type e : free_events_) device_.destroy_event(e);
+      // cudaFree waits for the device; cuMemUnmap does not (see release_vmm_cache).
+      if (vmm_policy() && segments_ != nullptr) device_.synchronize();
       for (segment_type* s = segments_; s != nullptr; s = s->next) {
         if (s->page_size != 0) {
           release_vmm_segment_unchecked(s);
@@ -347,6 +349,7 @@ class caching_allocator {
   /// Resets every stat's peak to its current value (and gpumem's fragmentation-at-peak).
   void reset_peak_stats() {
     std::lock_guard<detail::spin_mutex> lock(mutex_);
+    note_requested_high_water();  // stitch's headroom is not reset with the user's peaks
     counts_.reset_peak();
     stats_.oversize_allocations.reset_peak();
     stats_.oversize_segments.reset_peak();
@@ -876,6 +879,7 @@ class caching_allocator {
   // another class (if theirs has freed blocks), and borrow any block that fits when growing fails,
   // before the cache is given up.
   block_type* vmm_allocate_new_block(pool_type& p, std::size_t size, std::size_t rounded) {
+    if (policy_ == allocator_policy::stitch) note_requested_high_water(size);
     const bool stitch_large = policy_ == allocator_policy::stitch && !p.is_small;
     if (stitch_large && p.has_freed) {
       if (block_type* b = borrow_block(p, rounded, false)) return b;
@@ -1023,6 +1027,7 @@ class caching_allocator {
     s->owner = &p;
     s->page_size = page;
     s->pages.assign(size / page, 0);
+    s->stolen.assign(size / page, 0);
     s->mapped_pages = 0;
     link_segment(s);
     block_type* b = block_pool_.create(va, size, &p, s);
@@ -1063,24 +1068,32 @@ class caching_allocator {
     if (after != nullptr) after->prev = b;
   }
 
-  // Obtains `count` pages of `page` bytes: for stitch, first from free cached blocks outside
-  // [lo, hi), then new ones. On failure everything obtained is released and false returned.
-  bool acquire_pages(std::size_t page, std::size_t count, std::uintptr_t lo, std::uintptr_t hi,
-                     std::vector<std::uint64_t>& out, bool& fraction_refused) {
+  // Obtains `count` pages of `page` bytes, `returning` of them for positions whose memory was
+  // stolen before. Stitch creates the pages its headroom allows (stitch_pages_to_create), then
+  // steals from free cached blocks outside [lo, hi), then creates the rest; the other policies
+  // create them all. On failure everything obtained is released and false returned.
+  bool acquire_pages(std::size_t page, std::size_t count, std::size_t returning, std::uintptr_t lo,
+                     std::uintptr_t hi, std::vector<std::uint64_t>& out, bool& fraction_refused) {
     if constexpr (is_vmm_device_v<Device>) {
-      if (policy_ == allocator_policy::stitch) steal_pages(count, lo, hi, out);
-      const std::size_t stolen = out.size();
-      while (out.size() < count) {
-        if (fraction_set_ &&
-            reserved_total_ + (out.size() - stolen + 1) * page > allowed_memory_maximum_) {
-          fraction_refused = true;
-          break;
+      // Stolen pages in `out` were subtracted from reserved memory; all of `out` comes back.
+      auto create = [&](std::size_t until) {
+        while (out.size() < until) {
+          if (fraction_set_ &&
+              reserved_total_ + (out.size() + 1) * page > allowed_memory_maximum_) {
+            fraction_refused = true;
+            return;
+          }
+          const auto h = device_.create_physical(page);
+          if (h == typename Device::physical_handle{}) return;
+          ++stats_.num_device_alloc;
+          out.push_back(static_cast<std::uint64_t>(h));
         }
-        const auto h = device_.create_physical(page);
-        if (h == typename Device::physical_handle{}) break;
-        ++stats_.num_device_alloc;
-        out.push_back(static_cast<std::uint64_t>(h));
+      };
+      if (policy_ == allocator_policy::stitch) {
+        create(stitch_pages_to_create(page, count, returning));
+        steal_pages(count, lo, hi, out);
       }
+      create(count);
       if (out.size() == count) return true;
       // Stolen pages were already unmapped from their blocks and subtracted from reserved memory.
       for (std::uint64_t h : out) {
@@ -1090,8 +1103,59 @@ class caching_allocator {
       out.clear();
       return false;
     } else {
-      (void)page, (void)count, (void)lo, (void)hi, (void)out, (void)fraction_refused;
+      (void)page, (void)count, (void)returning, (void)lo, (void)hi, (void)out,
+          (void)fraction_refused;
       return false;
+    }
+  }
+
+  // Stitch's headroom. Stealing keeps reserved memory at what is requested, but in a training
+  // loop's steady state it moves the same pages between the same ranges every step, and each move
+  // waits for the stream and calls the driver. So a miss first creates new pages while reserved
+  // memory stays within k_stitch_headroom of the high-water mark of requested bytes, and, once the
+  // workload has settled (that mark unchanged for k_stitch_settled_allocations allocations), it
+  // also creates the pages of positions that were stolen before (the back-and-forth) within
+  // k_stitch_settle_limit. Beyond those bounds, and whenever the device or the memory fraction
+  // refuses, pages are stolen: fragmentation never causes an out-of-memory error.
+  static constexpr double k_stitch_headroom = 0.015;
+  static constexpr double k_stitch_settle_limit = 0.10;
+  static constexpr std::uint64_t k_stitch_settled_allocations = 1024;
+
+  std::size_t stitch_pages_to_create(std::size_t page, std::size_t count,
+                                     std::size_t returning) const noexcept {
+    const auto high_water = static_cast<double>(requested_high_water_);
+    auto pages_within = [&](double limit) -> std::size_t {
+      const double room = (1.0 + limit) * high_water - static_cast<double>(reserved_total_);
+      return room > 0 ? static_cast<std::size_t>(room / static_cast<double>(page)) : 0;
+    };
+    std::size_t n = pages_within(k_stitch_headroom);
+    if (returning > 0 && settled()) {
+      n = std::max(n, std::min(returning, pages_within(k_stitch_settle_limit)));
+    }
+    return std::min(n, count);
+  }
+
+  bool settled() const noexcept {
+    const std::uint64_t allocations = allocation_total();
+    return allocations >= high_water_at_ &&
+           allocations - high_water_at_ >= k_stitch_settled_allocations;
+  }
+
+  std::uint64_t allocation_total() const noexcept {
+    const stat_array a = counts_.get(counter::allocation);
+    return static_cast<std::uint64_t>(std::max<std::int64_t>(a[0].allocated, 0));
+  }
+
+  // Raises the high-water mark of requested bytes (counting a request of `pending` bytes being
+  // served) from the peak statistic, which users may reset; notes when it last grew.
+  void note_requested_high_water(std::size_t pending = 0) noexcept {
+    const auto current = static_cast<std::size_t>(counts_.current(counter::requested_bytes));
+    const auto peak = static_cast<std::size_t>(counts_.peak(counter::requested_bytes));
+    const std::size_t mark = std::max(peak, current + pending);
+    const std::uint64_t allocations = allocation_total();
+    if (mark > requested_high_water_ || allocations < high_water_at_) {
+      requested_high_water_ = std::max(mark, requested_high_water_);
+      high_water_at_ = allocations;
     }
   }
 
@@ -1118,9 +1182,11 @@ class caching_allocator {
     std::sort(victims.begin(), victims.end(), [](const victim& a, const victim& b) {
       return a.pages != b.pages ? a.pages > b.pages : a.block->ptr < b.block->ptr;
     });
+    std::vector<stream_type> waited;
     for (const victim& v : victims) {
       if (out.size() >= count) break;
       segment_type* s = v.block->seg;
+      wait_for_stream(v.block->owner->stream, waited);
       unmap_pages(v.block, count - out.size(), false, &out);
       const bool holds_target = lo >= s->ptr && lo < s->ptr + s->size;
       if (s->mapped_pages == 0 && !holds_target) destroy_vmm_segment(s);
@@ -1158,6 +1224,7 @@ class caching_allocator {
       for (std::size_t i = first; i < last; ++i) {
         const std::uint64_t h = s->pages[i];
         s->pages[i] = 0;
+        s->stolen[i] = release ? 0 : 1;
         if (release) {
           device_.release_physical(static_cast<typename Device::physical_handle>(h));
           ++stats_.num_device_free;
@@ -1204,7 +1271,10 @@ class caching_allocator {
       const std::size_t first = (to_map->ptr - s->ptr) / page;
       const std::size_t n = round_up(size, page) / page;
       std::vector<std::uint64_t> handles;
-      if (!acquire_pages(page, n, lo, hi, handles, fraction_refused)) return false;
+      const auto stolen_begin = s->stolen.begin() + static_cast<std::ptrdiff_t>(first);
+      const auto returning = static_cast<std::size_t>(
+          std::count(stolen_begin, stolen_begin + static_cast<std::ptrdiff_t>(n), 1));
+      if (!acquire_pages(page, n, returning, lo, hi, handles, fraction_refused)) return false;
       std::size_t mapped = 0;
       try {
         for (; mapped < n; ++mapped) {
@@ -1221,7 +1291,10 @@ class caching_allocator {
         if (!is_out_of_memory(e)) throw;
         return false;
       }
-      for (std::size_t i = 0; i < n; ++i) s->pages[first + i] = handles[i];
+      for (std::size_t i = 0; i < n; ++i) {
+        s->pages[first + i] = handles[i];
+        s->stolen[first + i] = 0;
+      }
       if (observer_) notify(allocator_action::segment_map, to_map->ptr, n * page, p.stream);
       s->mapped_pages += n;
       reserved_total_ += n * page;
@@ -1258,7 +1331,9 @@ class caching_allocator {
         });
       });
     }
+    std::vector<stream_type> waited;
     for (block_type* b : free_blocks) {
+      wait_for_stream(b->owner->stream, waited);
       unmap_pages(b, std::numeric_limits<std::size_t>::max(), true, nullptr);
     }
     for (segment_type* s = segments_; s != nullptr;) {
@@ -1283,6 +1358,24 @@ class caching_allocator {
   }
 
   // --- stream events -----------------------------------------------------------------------------
+
+  // A free block may still be read by work queued on its stream before the free (the stream
+  // reuses it in order), and cuMemUnmap, unlike cudaFree, does not wait for that work. So before
+  // pages of free blocks are unmapped, the work queued on their streams is waited for, once per
+  // stream per batch (`waited`), as PyTorch synchronises a segment's stream before unmapping.
+  void wait_for_stream(stream_type stream, std::vector<stream_type>& waited) {
+    if (std::find(waited.begin(), waited.end(), stream) != waited.end()) return;
+    waited.push_back(stream);
+    event_type e = take_event();
+    try {
+      device_.record_event(e, stream);
+      device_.synchronize_event(e);
+    } catch (...) {
+      free_events_.push_back(e);
+      throw;
+    }
+    free_events_.push_back(e);
+  }
 
   event_type take_event() {
     if (free_events_.empty()) return device_.create_event();
@@ -1603,7 +1696,9 @@ class caching_allocator {
   std::size_t granularity_ = 0;  // VMM page size (VMM policies only)
   std::int64_t peak_seen_ = -1;
   std::int64_t allocated_at_peak_ = 0;
-  event_observer observer_;  // set_event_observer; empty: nobody listens
+  std::size_t requested_high_water_ = 0;  // stitch: see stitch_pages_to_create
+  std::uint64_t high_water_at_ = 0;       // allocation_total() when it last grew
+  event_observer observer_;               // set_event_observer; empty: nobody listens
 };
 
 }  // namespace gpumem

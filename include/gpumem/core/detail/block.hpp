@@ -58,6 +58,9 @@ struct segment {
   // one physical allocation each; pages[i] is the handle mapped at ptr + i * page_size, 0 = none.
   std::size_t page_size = 0;  // 0: a classic segment (one cudaMalloc)
   std::vector<std::uint64_t> pages;
+  // Stitch: stolen[i] is 1 while page i is unmapped because another range took its memory; a miss
+  // that maps such a page again is the allocator moving the same memory back and forth.
+  std::vector<std::uint8_t> stolen;
   std::size_t mapped_pages = 0;
   segment* prev = nullptr;  // all segments of the allocator, in creation order
   segment* next = nullptr;
