@@ -367,7 +367,7 @@ void bench_trace(benchmark::State& state, peer& a, const replay_plan& plan) {
       return;
     }
     if (state.thread_index() == 0) {
-      const warm_result w = warm_for_trace(a, plan, state.threads(), 4);
+      const warm_result w = warm_for_trace(a, plan, state.threads(), 12);
       state.counters["warm_passes"] = w.passes;
       state.counters["check_pass_dev_calls"] = static_cast<double>(w.check_calls);
       if (a.is_gpumem && w.check_calls > 0) {
