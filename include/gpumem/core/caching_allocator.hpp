@@ -1118,7 +1118,7 @@ class caching_allocator {
   // k_stitch_settle_limit. Beyond those bounds, and whenever the device or the memory fraction
   // refuses, pages are stolen: fragmentation never causes an out-of-memory error.
   static constexpr double k_stitch_headroom = 0.015;
-  static constexpr double k_stitch_settle_limit = 0.10;
+  static constexpr double k_stitch_settle_limit = 0.02;
   static constexpr std::uint64_t k_stitch_settled_allocations = 1024;
 
   std::size_t stitch_pages_to_create(std::size_t page, std::size_t count,
