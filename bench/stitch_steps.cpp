@@ -8,48 +8,18 @@
 #include <cstring>
 #include <exception>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "gpumem/gpumem.hpp"
 // clang-format off
 #include "gpumem/device/simulated_device.hpp"
 // clang-format on
+#include "gpumem/trace/replay.hpp"
 #include "gpumem/trace/trace_io.hpp"
 
 namespace {
 
 using allocator = gpumem::caching_allocator<gpumem::simulated_device>;
-
-/// One step: the trace's allocations and frees (free_completed where it has them, else
-/// free_requested), then whatever is still live is freed.
-void run_step(const gpumem::allocation_trace& trace, allocator& a) {
-  bool has_completed = false;
-  for (const auto& e : trace.events) {
-    has_completed = has_completed || e.kind == gpumem::trace_event_kind::free_completed;
-  }
-  const auto free_kind = has_completed ? gpumem::trace_event_kind::free_completed
-                                       : gpumem::trace_event_kind::free_requested;
-  std::unordered_map<std::uint64_t, void*> live;
-  for (const auto& e : trace.events) {
-    if (e.kind == gpumem::trace_event_kind::alloc) {
-      auto it = live.find(e.address);
-      if (it != live.end()) a.deallocate(it->second);
-      live[e.address] = a.allocate(static_cast<std::size_t>(e.size));
-    } else if (e.kind == free_kind) {
-      auto it = live.find(e.address);
-      if (it == live.end()) continue;
-      a.deallocate(it->second);
-      live.erase(it);
-    }
-  }
-  for (auto& [address, p] : live) a.deallocate(p);
-}
-
-std::size_t memory_calls(const gpumem::call_counters& c) {
-  return c.mem_create + c.mem_release + c.mem_map + c.mem_unmap + c.set_access + c.address_reserve +
-         c.address_free + c.event_synchronize + c.device_synchronize;
-}
 
 }  // namespace
 
@@ -79,10 +49,11 @@ int main(int argc, char** argv) {
       double first = 0;
       int last_with_calls = 0;
       std::vector<std::size_t> calls;
+      gpumem::step_replayer step(trace);
       for (int s = 1; s <= steps; ++s) {
-        const std::size_t before = memory_calls(dev.counters());
-        run_step(trace, a);
-        calls.push_back(memory_calls(dev.counters()) - before);
+        const std::size_t before = dev.counters().memory_calls();
+        step.run(a);
+        calls.push_back(dev.counters().memory_calls() - before);
         if (calls.back() > 0) last_with_calls = s;
         const auto st = a.stats();
         const double ratio = static_cast<double>(st.reserved_bytes[0].peak) /

@@ -110,6 +110,25 @@ TEST(CompileTrace, RejectsAnInvalidTraceWithTheEventIndex) {
   }
 }
 
+// A step replayed on an allocator the caller keeps: the trace's completed frees are the ones
+// replayed (so 0x2000 and 0x3000, only free_requested, stay live until the end of the step: the
+// peak is 20 + 50 + 5 MiB, not 70), and whatever is live at the end is freed, step after step.
+TEST(StepReplayer, FollowsCompletedFreesAndFreesEverythingAtTheEnd) {
+  allocation_trace t = split_survivor();
+  t.events.push_back({K::alloc, 0x4000, 5 * MiB, 0, -1});  // never freed
+  gpumem::simulated_device dev{std::size_t{1} << 30};
+  gpumem::caching_allocator<gpumem::simulated_device> a(dev, gpumem::allocator_config{});
+  gpumem::step_replayer step(t);
+  step.run(a);
+  EXPECT_EQ(a.stats().allocated_bytes[0].current, 0);
+  EXPECT_EQ(a.stats().allocation[0].allocated, 4);
+  EXPECT_EQ(a.stats().allocated_bytes[0].peak, static_cast<std::int64_t>((20 + 50 + 5) * MiB));
+  step.run(a);
+  EXPECT_EQ(a.stats().allocation[0].allocated, 8);
+  EXPECT_EQ(a.stats().allocated_bytes[0].current, 0);
+  EXPECT_EQ(a.stats().allocated_bytes[0].peak, static_cast<std::int64_t>((20 + 50 + 5) * MiB));
+}
+
 TEST(Replay, KnownPeaksAndDeviceCalls) {
   const gpumem::replay_result r = replay(three_large(), "policy:classic", 1024 * MiB);
   EXPECT_TRUE(r.completed);

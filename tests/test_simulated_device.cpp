@@ -209,6 +209,9 @@ TEST(CallVocabulary, NamesCountersAndDifferences) {
                                 c.set_access};
   for (std::size_t f = 0; f < gpumem::call_kind_count; ++f) EXPECT_EQ(fields[f], f + 1);
   EXPECT_EQ(c.total(), 18u * 19u / 2u);
+  // Memory calls: everything but mem_get_info, the event create/destroy/record/query calls and
+  // the stream calls (values 3, 4, 5, 6, 7, 10, 11).
+  EXPECT_EQ(c.memory_calls(), 18u * 19u / 2u - (3u + 4u + 5u + 6u + 7u + 10u + 11u));
 
   call_counters before = c;
   c[call_kind::free] += 5;

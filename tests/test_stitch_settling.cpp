@@ -2,11 +2,11 @@
 // forth every step), and the stream waits before any page is unmapped.
 #include <cstdint>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "gpumem/trace/replay.hpp"
 #include "gpumem/trace/trace_io.hpp"
 #include "support/sim.hpp"
 
@@ -14,46 +14,6 @@ namespace {
 
 using namespace gpumem_test;
 using gpumem::simulated_device;
-
-/// Replays a trace's allocations and frees (free_completed where the trace has them, else
-/// free_requested) on one stream, freeing what is still live at the end: one training step.
-class step_replay {
- public:
-  explicit step_replay(const gpumem::allocation_trace& trace) : trace_(trace) {
-    for (const auto& e : trace.events) {
-      has_completed_ = has_completed_ || e.kind == gpumem::trace_event_kind::free_completed;
-    }
-  }
-
-  void run(allocator& a) {
-    const auto free_kind = has_completed_ ? gpumem::trace_event_kind::free_completed
-                                          : gpumem::trace_event_kind::free_requested;
-    for (const auto& e : trace_.events) {
-      if (e.kind == gpumem::trace_event_kind::alloc) {
-        auto it = live_.find(e.address);
-        if (it != live_.end()) a.deallocate(it->second);  // a free the trace did not record
-        live_[e.address] = a.allocate(static_cast<std::size_t>(e.size));
-      } else if (e.kind == free_kind) {
-        auto it = live_.find(e.address);
-        if (it == live_.end()) continue;
-        a.deallocate(it->second);
-        live_.erase(it);
-      }
-    }
-    for (auto& [address, p] : live_) a.deallocate(p);
-    live_.clear();
-  }
-
- private:
-  const gpumem::allocation_trace& trace_;
-  std::unordered_map<std::uint64_t, void*> live_;
-  bool has_completed_ = false;
-};
-
-std::size_t device_memory_calls(const gpumem::call_counters& c) {
-  return c.mem_create + c.mem_release + c.mem_map + c.mem_unmap + c.set_access + c.address_reserve +
-         c.address_free + c.event_synchronize + c.device_synchronize;
-}
 
 // GPT-2 small's training step (the bundled trace), step after step on a GPU larger than it needs.
 // Stealing alone would keep moving pages between the same ranges every step (dozens of maps and
@@ -63,7 +23,7 @@ TEST(StitchSettling, TrainingStepsMakeNoDeviceCallOnceSettled) {
   const auto trace = gpumem::read_trace(GPUMEM_EXAMPLE_TRACES "/gpt2-small-b4-s512.trace");
   simulated_device dev{device_options(80 * GiB)};
   allocator a(dev, config("policy:stitch"));
-  step_replay step(trace);
+  gpumem::step_replayer step(trace);
   step.run(a);
   const auto first_peak = static_cast<double>(a.stats().reserved_bytes[0].peak);
   const auto peak_requested = static_cast<double>(a.stats().requested_bytes[0].peak);
@@ -72,7 +32,7 @@ TEST(StitchSettling, TrainingStepsMakeNoDeviceCallOnceSettled) {
   for (int i = 0; i < 6; ++i) {
     const auto before = dev.counters();
     step.run(a);
-    EXPECT_EQ(device_memory_calls(dev.counters()), device_memory_calls(before)) << "step " << i + 3;
+    EXPECT_EQ(dev.counters().memory_calls(), before.memory_calls()) << "step " << i + 3;
   }
   EXPECT_LE(static_cast<double>(a.stats().reserved_bytes[0].peak), 1.015 * peak_requested);
   a.check_invariants();
@@ -87,7 +47,7 @@ TEST(StitchSettling, ReservedMemoryStaysBoundedOverManySteps) {
     const auto trace = gpumem::read_trace(std::string(GPUMEM_EXAMPLE_TRACES "/") + name + ".trace");
     simulated_device dev{device_options(80 * GiB)};
     allocator a(dev, config("policy:stitch"));
-    step_replay step(trace);
+    gpumem::step_replayer step(trace);
     for (int i = 0; i < 8; ++i) step.run(a);
     const auto peak_requested = static_cast<double>(a.stats().requested_bytes[0].peak);
     EXPECT_LE(static_cast<double>(a.stats().reserved_bytes[0].peak), 1.10 * peak_requested) << name;
@@ -101,7 +61,7 @@ TEST(StitchSettling, ReservedMemoryStaysBoundedOverManySteps) {
 TEST(StitchSettling, TheMemoryFractionOverridesTheHeadroom) {
   const auto trace = gpumem::read_trace(GPUMEM_EXAMPLE_TRACES "/gpt2-small-b4-s512.trace");
   simulated_device dev{device_options(8 * GiB)};
-  step_replay step(trace);
+  gpumem::step_replayer step(trace);
   std::size_t peak_requested = 0;
   {
     allocator probe(dev, config("policy:stitch"));

@@ -191,6 +191,12 @@ struct call_counters {
   std::size_t operator[](call_kind kind) const noexcept;
   /// Sum over all kinds. Never throws.
   std::size_t total() const noexcept;
+  /// The calls that move or wait for device memory: cudaMalloc/cudaFree, the virtual-memory calls
+  /// and the synchronisations (not event creation, recording or queries). Never throws.
+  std::size_t memory_calls() const noexcept {
+    return malloc + free + address_reserve + address_free + mem_create + mem_release + mem_map +
+           mem_unmap + set_access + event_synchronize + device_synchronize;
+  }
 
   friend bool operator==(const call_counters& a, const call_counters& b) noexcept {
     for (call_kind k : all_call_kinds) {

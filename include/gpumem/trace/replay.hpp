@@ -378,4 +378,45 @@ inline std::optional<std::size_t> find_min_device_memory(
   });
 }
 
+/// Replays a trace as one training step on an allocator the caller keeps, step after step: its
+/// allocations and frees in order (free_completed where the trace has them, else free_requested),
+/// then frees whatever is still live. For steady-state studies (how an allocator settles over a
+/// training loop); replay_trace is the one-shot, out-of-memory-aware replay.
+class step_replayer {
+ public:
+  explicit step_replayer(const allocation_trace& trace) : trace_(trace) {
+    for (const auto& e : trace.events) {
+      has_completed_ = has_completed_ || e.kind == trace_event_kind::free_completed;
+    }
+  }
+
+  /// One step on `a` (any allocator with allocate(size) and deallocate(ptr)). Throws what the
+  /// allocator throws; what it had allocated before then stays live in it.
+  template <class Allocator>
+  void run(Allocator& a) {
+    const auto free_kind =
+        has_completed_ ? trace_event_kind::free_completed : trace_event_kind::free_requested;
+    live_.clear();
+    for (const auto& e : trace_.events) {
+      if (e.kind == trace_event_kind::alloc) {
+        auto it = live_.find(e.address);
+        if (it != live_.end()) a.deallocate(it->second);  // a free the trace did not record
+        live_[e.address] = a.allocate(static_cast<std::size_t>(e.size));
+      } else if (e.kind == free_kind) {
+        auto it = live_.find(e.address);
+        if (it == live_.end()) continue;
+        a.deallocate(it->second);
+        live_.erase(it);
+      }
+    }
+    for (auto& [address, p] : live_) a.deallocate(p);
+    live_.clear();
+  }
+
+ private:
+  const allocation_trace& trace_;
+  std::unordered_map<std::uint64_t, void*> live_;
+  bool has_completed_ = false;
+};
+
 }  // namespace gpumem
