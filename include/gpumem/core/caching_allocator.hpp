@@ -67,6 +67,8 @@ struct pool {
   // Stitch class pools: a block of this size class has been freed (the class's blocks are not all
   // long-lived), so the class may borrow free blocks of other such classes (borrow_block).
   bool has_freed = false;
+  // Stitch class pools: this pool's slot in stream_pools::free_bound (nullptr for other pools).
+  std::size_t* free_bound = nullptr;
 };
 
 template <class Stream>
@@ -76,6 +78,10 @@ struct stream_pools {
   // Stitch: the large requests' pools, one per size class (stitch_size_class), made on first use.
   std::array<pool<Stream>*, k_stitch_classes> by_class{};
   std::vector<std::unique_ptr<pool<Stream>>> classes;  // the ones made, in creation order
+  // For each of `classes`, same order: at least the size of its largest free block. Raised on
+  // every insert, lowered when a lookup finds nothing, so borrow_block skips a class that cannot
+  // lend without searching its index (a stream has dozens of classes; most cannot lend).
+  std::array<std::size_t, k_stitch_classes> free_bound{};
 
   /// Visits every pool of the stream: large, small, then the stitch classes.
   template <class F>
@@ -518,6 +524,7 @@ class caching_allocator {
     sp.classes.push_back(std::make_unique<pool_type>());
     pool_type* p = sp.classes.back().get();
     p->stream = sp.small.stream;
+    p->free_bound = &sp.free_bound[sp.classes.size() - 1];
     sp.by_class[detail::stitch_size_class(rounded)] = p;
     return *p;
   }
@@ -527,6 +534,7 @@ class caching_allocator {
   GPUMEM_ALWAYS_INLINE void index_insert(pool_type& p, block_type* b) {
     b->gc_count_base = gc_counter(p);
     p.index.insert(b);
+    if (p.free_bound != nullptr && *p.free_bound < b->size) *p.free_bound = b->size;
   }
 
   // --- the classic policy ------------------------------------------------------------------------
@@ -907,10 +915,20 @@ class caching_allocator {
     pools_type& sp = lookup_pools(p.stream);
     const std::size_t roomy = rounded + granularity_;
     block_type* best = nullptr;
-    for (auto& c : sp.classes) {
-      if (c.get() == &p || (!last_resort && !c->has_freed)) continue;
+    for (std::size_t i = 0; i < sp.classes.size(); ++i) {
+      std::size_t& bound = sp.free_bound[i];
+      if (bound < rounded) continue;
+      pool_type* c = sp.classes[i].get();
+      if (c == &p || (!last_resort && !c->has_freed)) continue;
       block_type* b = c->index.lower_bound(rounded);
-      if (b != nullptr && b->size != rounded && !last_resort) b = c->index.lower_bound(roomy);
+      if (b == nullptr) {
+        bound = rounded - 1;
+        continue;
+      }
+      if (b->size != rounded && !last_resort) {
+        b = c->index.lower_bound(roomy);
+        if (b == nullptr) bound = roomy - 1;
+      }
       if (b == nullptr || oversize_refuses(b->size, rounded)) continue;
       const bool exact = b->size == rounded;
       if (best == nullptr || exact > (best->size == rounded) ||
@@ -1636,6 +1654,14 @@ class caching_allocator {
         const pool_type* p = sp->by_class[c];
         if (p != nullptr && (p->is_small || p->stream != sp->small.stream))
           fail("class pool of the wrong kind or stream");
+      }
+      for (std::size_t i = 0; i < sp->classes.size(); ++i) {
+        const pool_type& p = *sp->classes[i];
+        if (p.free_bound != &sp->free_bound[i]) fail("class pool points at another's free bound");
+        const block_type* largest = p.index.largest();
+        if (largest != nullptr && largest->size > sp->free_bound[i])
+          fail(fmt::format("class pool's free bound {} is below its largest free block ({} B)",
+                           sp->free_bound[i], largest->size));
       }
     }
     if (index_total != indexed_blocks) fail("free index holds blocks that are not free");
