@@ -367,6 +367,10 @@ void bench_trace(benchmark::State& state, peer& a, const replay_plan& plan) {
       return;
     }
     if (state.thread_index() == 0) {
+      // Each allocator starts the trace from an emptied cache, as a program does between phases
+      // (torch.cuda.empty_cache()): what the single-size and mixed cases left cached would
+      // otherwise shape where the trace's blocks go.
+      a.release_cache();
       const warm_result w = warm_for_trace(a, plan, state.threads(), 12);
       state.counters["warm_passes"] = w.passes;
       state.counters["check_pass_dev_calls"] = static_cast<double>(w.check_calls);

@@ -38,6 +38,28 @@ TEST(StitchSettling, TrainingStepsMakeNoDeviceCallOnceSettled) {
   a.check_invariants();
 }
 
+// A phase with other shapes first (every size class from 1 MiB to 272 MiB allocated and freed):
+// had its frees marked those classes as freeing, GPT-2's long-lived blocks of those sizes would be
+// lent among short-lived ones, and stitch would keep moving pages every step at its settle limit.
+// empty_cache between the phases starts the classes afresh: GPT-2 settles as if it ran alone.
+TEST(StitchSettling, EmptyCacheBetweenPhasesLetsTheNextOneSettle) {
+  const auto trace = gpumem::read_trace(GPUMEM_EXAMPLE_TRACES "/gpt2-small-b4-s512.trace");
+  simulated_device dev{device_options(80 * GiB)};
+  allocator a(dev, config("policy:stitch"));
+  for (std::size_t i = 0; i < 4096; ++i) {
+    a.deallocate(a.allocate(MiB + (i * 2654435761u) % (271 * MiB)));
+  }
+  a.empty_cache();
+  gpumem::step_replayer step(trace);
+  for (int i = 0; i < 4; ++i) step.run(a);
+  for (int i = 0; i < 4; ++i) {
+    const auto before = dev.counters();
+    step.run(a);
+    EXPECT_EQ(dev.counters().memory_calls(), before.memory_calls()) << "step " << i + 5;
+  }
+  a.check_invariants();
+}
+
 // Bundled traces, eight steps each: whether or not a workload settles, stitch's reserved memory
 // stays within its bounds (1.5% headroom, 2% settle limit) plus the partial pages that stealing
 // cannot hand over: within 3% of the peak requested.

@@ -64,8 +64,9 @@ struct pool {
   // Unmapped blocks of this pool's VMM segments, lowest address first (touched on misses only).
   std::set<block<Stream>*, address_order<Stream>> unmapped;
   std::size_t address_space = 0;  // bytes of address ranges its VMM segments hold
-  // Stitch class pools: a block of this size class has been freed (the class's blocks are not all
-  // long-lived), so the class may borrow free blocks of other such classes (borrow_block).
+  // Stitch class pools: a block of this size class has been freed since the allocator started or
+  // the cache was last emptied (the class's blocks are not all long-lived), so the class may borrow
+  // free blocks of other such classes (borrow_block).
   bool has_freed = false;
   // Stitch class pools: this pool's slot in stream_pools::free_bound (nullptr for other pools).
   std::size_t* free_bound = nullptr;
@@ -303,10 +304,13 @@ class caching_allocator {
   }
 
   /// Waits for outstanding stream events, then returns every cached segment that holds no
-  /// allocated block to the device (PyTorch's emptyCache). Throws cuda_error on device failure.
+  /// allocated block to the device (PyTorch's emptyCache). Under stitch it also forgets which size
+  /// classes freed blocks, so that the next phase of a program (training after an evaluation pass)
+  /// is placed as if it ran alone. Throws cuda_error on device failure.
   void empty_cache() {
     std::lock_guard<detail::spin_mutex> lock(mutex_);
     release_cached_blocks();
+    forget_freed_classes();
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -902,6 +906,17 @@ class caching_allocator {
     if (b == nullptr)
       throw_oom(size, rounded, round_up(rounded, vmm_page_size(p)), p, fraction_refused);
     return b;
+  }
+
+  // Stitch, on empty_cache: the size classes start again as never freed. Called between phases of
+  // a program (an evaluation pass, then training), it keeps what one phase freed from deciding the
+  // next one's placement: a class that freed blocks before would lend to the new phase's
+  // long-lived blocks of that size, mixing them with short-lived ones (pinned partly used pages,
+  // and at the settle limit pages moved every step).
+  void forget_freed_classes() noexcept {
+    for (auto& sp : stream_pools_) {
+      for (auto& c : sp->classes) c->has_freed = false;
+    }
   }
 
   // Stitch: a free block of another size class of p's stream for a request of class pool p, taken
