@@ -7,7 +7,8 @@
 #   bench/compare.sh build --benchmark_repetitions=3        # quicker
 #
 # Defaults: build dir `build`, 5 repetitions of at least 0.2 s each; every figure is the median of
-# the repetitions (real time per allocate+free pair, per thread).
+# the repetitions (time per allocate+free pair; with 2 threads, the pairs of both threads over the
+# time until both have finished).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -76,7 +77,7 @@ for name, r in runs.items():
         calls[name] = r[0][1]
 
 def key(alloc, case, threads):
-    return f"{alloc}/{case}/real_time/threads:{threads}"
+    return f"{alloc}/{case}/manual_time/threads:{threads}"
 
 def ns(v):
     if v is None:
@@ -93,7 +94,8 @@ print(f"Machine: {nproc} CPUs ({cpu}); compiler: {compiler}; torch {ctx.get('tor
       f"CUDA toolkit {ctx.get('cuda_toolkit')} headers, runtime: {ctx.get('cuda_runtime')} "
       f"({ctx.get('sim_memory')} device); {ctx.get('date')}.")
 print(f"Trace: {ctx.get('trace')} ({ctx.get('trace_pairs')} allocations per pass). "
-      f"Medians of {reps} repetitions, real time per allocate+free pair per thread.")
+      f"Medians of {reps} repetitions, time per allocate+free pair "
+      f"(with 2 threads: both threads' pairs over the time until both have finished).")
 print()
 for threads in (1, 2):
     print(f"**{threads} thread{'s' if threads > 1 else ''}**" +
