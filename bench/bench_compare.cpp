@@ -11,10 +11,8 @@
 // `trace` (the alloc/free sequence of a real trace, warmed with whole passes until one makes no
 // device memory call, then replayed; gpumem must get there). Each iteration is one allocation and
 // its free (for `trace`: one allocation and the frees the trace makes before the next allocation),
-// so the time per iteration is the time per pair. With 2 threads both threads share one allocator;
-// Google Benchmark divides the time by the iterations of both threads, and each thread's time runs
-// until the last thread has finished (timed_loop): its real time would stop each thread's clock
-// when that thread finishes, which rewards a lock that lets one thread run ahead.
+// so the time per iteration is the time per pair. With 2 threads both threads share one allocator,
+// and the time is per pair of either thread while both run (bench/timed_loop.hpp).
 //
 //   gpumem_bench_compare [--trace=<file>] [Google Benchmark flags]
 //   bench/compare.sh [build dir]          (the tables of bench/README.md)
@@ -25,7 +23,6 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -50,6 +47,7 @@
 #include "gpumem/trace/trace_io.hpp"
 #include "gpumem_cudasim.h"
 #include "mixed_sizes.hpp"
+#include "timed_loop.hpp"
 
 #if GPUMEM_BENCH_HAVE_C10
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -288,25 +286,6 @@ struct replay_cursor {
 
 // --- the benchmarks
 
-/// Runs `body` once per iteration and reports, as the benchmark's (manual) time, the time from this
-/// thread's first iteration until every thread has finished its loop (the loop's end waits for the
-/// others): with several threads, the time per pair while they share the allocator, however the
-/// lock orders them.
-template <class F>
-void timed_loop(benchmark::State& state, F&& body) {
-  using clock = std::chrono::steady_clock;
-  clock::time_point start{};
-  bool first = true;
-  for (auto _ : state) {
-    if (first) {
-      start = clock::now();
-      first = false;
-    }
-    body();
-  }
-  if (!first) state.SetIterationTime(std::chrono::duration<double>(clock::now() - start).count());
-}
-
 /// Runs `body` and turns an exception into a skipped benchmark with its message.
 template <class F>
 void guarded(benchmark::State& state, F&& body) {
@@ -329,7 +308,7 @@ void bench_size(benchmark::State& state, peer& a, std::size_t size) {
   guarded(state, [&] {
     a.deallocate(a.allocate(size));  // warm: the block is cached
     const device_calls before = count_device_calls();
-    timed_loop(state, [&] {
+    gpumem_bench::timed_loop(state, [&] {
       void* p = a.allocate(size);
       benchmark::DoNotOptimize(p);
       a.deallocate(p);
@@ -345,7 +324,7 @@ void bench_mixed(benchmark::State& state, peer& a) {
     for (std::size_t s : sizes) a.deallocate(a.allocate(s));
     std::size_t i = static_cast<std::size_t>(state.thread_index()) * 977;
     const device_calls before = count_device_calls();
-    timed_loop(state, [&] {
+    gpumem_bench::timed_loop(state, [&] {
       void* p = a.allocate(sizes[i++ & (gpumem_bench::mixed_count - 1)]);
       benchmark::DoNotOptimize(p);
       a.deallocate(p);
@@ -407,7 +386,7 @@ void bench_trace(benchmark::State& state, peer& a, const replay_plan& plan) {
     }
     replay_cursor cursor(plan);
     const device_calls before = count_device_calls();
-    timed_loop(state, [&] { cursor.step(a); });
+    gpumem_bench::timed_loop(state, [&] { cursor.step(a); });
     set_call_counters(state, count_device_calls() - before, state.iterations() * state.threads());
     cursor.reset(a);
     state.SetItemsProcessed(state.iterations());

@@ -9,6 +9,7 @@
 
 #include "gpumem/gpumem.hpp"
 #include "mixed_sizes.hpp"
+#include "timed_loop.hpp"
 
 namespace {
 
@@ -34,21 +35,21 @@ void gpumem_pair(benchmark::State& state) {
   allocator& a = shared_allocator();
   const auto size = static_cast<std::size_t>(state.range(0));
   a.deallocate(a.allocate(size));  // warm: the segment is cached
-  for (auto _ : state) {
+  gpumem_bench::timed_loop(state, [&] {
     void* p = a.allocate(size);
     benchmark::DoNotOptimize(p);
     a.deallocate(p);
-  }
+  });
   state.SetItemsProcessed(state.iterations());
 }
 
 void glibc_pair(benchmark::State& state) {
   const auto size = static_cast<std::size_t>(state.range(0));
-  for (auto _ : state) {
+  gpumem_bench::timed_loop(state, [&] {
     void* p = std::malloc(size);
     benchmark::DoNotOptimize(p);
     std::free(p);
-  }
+  });
   state.SetItemsProcessed(state.iterations());
 }
 
@@ -57,22 +58,22 @@ void gpumem_mixed(benchmark::State& state) {
   const auto& sizes = mixed_sizes();
   for (std::size_t s : sizes) a.deallocate(a.allocate(s));
   std::size_t i = static_cast<std::size_t>(state.thread_index()) * 977;
-  for (auto _ : state) {
+  gpumem_bench::timed_loop(state, [&] {
     void* p = a.allocate(sizes[i++ & 4095]);
     benchmark::DoNotOptimize(p);
     a.deallocate(p);
-  }
+  });
   state.SetItemsProcessed(state.iterations());
 }
 
 void glibc_mixed(benchmark::State& state) {
   const auto& sizes = mixed_sizes();
   std::size_t i = static_cast<std::size_t>(state.thread_index()) * 977;
-  for (auto _ : state) {
+  gpumem_bench::timed_loop(state, [&] {
     void* p = std::malloc(sizes[i++ & 4095]);
     benchmark::DoNotOptimize(p);
     std::free(p);
-  }
+  });
   state.SetItemsProcessed(state.iterations());
 }
 
@@ -82,9 +83,9 @@ void sizes(benchmark::internal::Benchmark* b) {
 
 }  // namespace
 
-BENCHMARK(gpumem_pair)->Apply(sizes)->Threads(1)->Threads(2)->UseRealTime();
-BENCHMARK(glibc_pair)->Apply(sizes)->Threads(1)->Threads(2)->UseRealTime();
-BENCHMARK(gpumem_mixed)->Threads(1)->Threads(2)->UseRealTime();
-BENCHMARK(glibc_mixed)->Threads(1)->Threads(2)->UseRealTime();
+BENCHMARK(gpumem_pair)->Apply(sizes)->Threads(1)->Threads(2)->UseManualTime();
+BENCHMARK(glibc_pair)->Apply(sizes)->Threads(1)->Threads(2)->UseManualTime();
+BENCHMARK(gpumem_mixed)->Threads(1)->Threads(2)->UseManualTime();
+BENCHMARK(glibc_mixed)->Threads(1)->Threads(2)->UseManualTime();
 
 BENCHMARK_MAIN();
