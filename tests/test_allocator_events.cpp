@@ -1,7 +1,9 @@
 // caching_allocator's event observer (what the LibTorch adapter turns into PyTorch's trace entries
 // and allocator trace trackers), try_deallocate, owns and base_allocation.
 #include <cstdint>
+#include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -148,5 +150,99 @@ TEST(Ownership, BaseAllocationIsTheSegmentHoldingTheBlock) {
   EXPECT_THROW(a.base_allocation(p), gpumem::usage_error);
   a.deallocate(q);
 }
+
+// An observer that throws (NCCL registration failing, the plugin's history running out of memory)
+// must not corrupt the allocator: for every action and policy, the first such event throws; the
+// call that raised it rethrows the observer's exception, and the allocator stays consistent,
+// hands out nothing that was undone, and gives every byte back on empty_cache.
+struct observer_failure : std::runtime_error {
+  observer_failure() : std::runtime_error("observer failed") {}
+};
+
+class ThrowingObserver
+    : public ::testing::TestWithParam<std::tuple<const char*, allocator_action>> {};
+
+TEST_P(ThrowingObserver, LeavesTheAllocatorConsistentAndLosesNothing) {
+  const auto [policy, action] = GetParam();
+  simulated_device dev{device_options(1 * GiB, gpumem::event_completion::manual)};
+  allocator a(dev, config(policy));
+  const auto side = dev.create_stream();
+  int thrown = 0;
+  a.set_event_observer([&, throw_on = action](const event& e) {
+    if (e.action == throw_on && thrown == 0) {
+      ++thrown;
+      throw observer_failure();
+    }
+  });
+  std::vector<void*> live;
+  auto attempt = [&](auto op) {
+    try {
+      op();
+    } catch (const observer_failure&) {
+    }
+    a.check_invariants();
+  };
+  // Grow, free with and without record_stream, steal pages (stitch), release, grow again.
+  for (int round = 0; round < 3; ++round) {
+    for (std::size_t size : {3 * MiB, 700 * KiB, 40 * MiB, 9 * MiB, 120 * MiB}) {
+      attempt([&] { live.push_back(a.allocate(size)); });
+    }
+    if (!live.empty()) attempt([&] { a.record_stream(live.front(), side); });
+    while (live.size() > 1) {
+      void* p = live.back();
+      live.pop_back();
+      attempt([&] { a.deallocate(p); });
+      EXPECT_FALSE(a.owns(p));  // freed even when the observer threw
+    }
+    dev.complete_all();
+    attempt([&] { a.empty_cache(); });
+  }
+  EXPECT_EQ(thrown, 1) << "the sequence never produced the action";
+  a.set_event_observer({});
+  for (void* p : live) a.deallocate(p);
+  dev.complete_all();
+  a.empty_cache();
+  a.check_invariants();
+  EXPECT_EQ(a.usage().allocated, 0u);
+  EXPECT_EQ(a.usage().reserved, 0u);
+}
+
+TEST(ThrowingObserverOnAlloc, TheAllocationIsUndoneAndTheExceptionReachesTheCaller) {
+  simulated_device dev{device_options(1 * GiB)};
+  allocator a(dev, config());
+  a.set_event_observer([](const event& e) {
+    if (e.action == allocator_action::alloc) throw observer_failure();
+  });
+  EXPECT_THROW(a.allocate(4 * MiB), observer_failure);
+  EXPECT_EQ(a.usage().allocated, 0u);
+  EXPECT_EQ(a.stats().allocation[0].current, 0);
+  a.check_invariants();
+}
+
+TEST(ThrowingObserverOnOom, TheOutOfMemoryErrorWins) {
+  simulated_device dev{device_options(64 * MiB)};
+  allocator a(dev, config());
+  a.set_event_observer([](const event& e) {
+    if (e.action == allocator_action::oom) throw observer_failure();
+  });
+  EXPECT_THROW(a.allocate(128 * MiB), gpumem::out_of_memory);
+  a.check_invariants();
+}
+
+// The actions each policy reports: classic obtains whole segments, the VMM policies map pages.
+INSTANTIATE_TEST_SUITE_P(Classic, ThrowingObserver,
+                         ::testing::Combine(::testing::Values("policy:classic"),
+                                            ::testing::Values(allocator_action::alloc,
+                                                              allocator_action::free_requested,
+                                                              allocator_action::free_completed,
+                                                              allocator_action::segment_alloc,
+                                                              allocator_action::segment_free)));
+INSTANTIATE_TEST_SUITE_P(Vmm, ThrowingObserver,
+                         ::testing::Combine(::testing::Values("policy:expandable", "policy:stitch"),
+                                            ::testing::Values(allocator_action::alloc,
+                                                              allocator_action::free_requested,
+                                                              allocator_action::free_completed,
+                                                              allocator_action::segment_map,
+                                                              allocator_action::segment_unmap)));
 
 }  // namespace

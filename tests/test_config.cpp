@@ -12,6 +12,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <limits>
 #include <optional>
@@ -716,6 +717,58 @@ TEST(config_errors, pinned_and_backend_values) {
   expect_error("policy:fast", "policy", "fast", 7,
                "gpumem config: invalid value 'fast' for key 'policy' at position 7: expected "
                "auto, classic, expandable or stitch");
+}
+
+TEST(config_errors, segment_sizes_are_bounded_at_one_tib) {
+  // A segment size the device arithmetic cannot hold (2^44 MiB overflows a size_t in bytes, and
+  // slightly less overflows rounding to pages) is refused by name, with the limit.
+  expect_error("large_segment_size_mb:17592186044415", "large_segment_size_mb", "17592186044415",
+               22,
+               "gpumem config: invalid value '17592186044415' for key 'large_segment_size_mb' at "
+               "position 22: must be at most 1048576 (MiB, 1 TiB: the largest segment gpumem "
+               "asks the device for)");
+  EXPECT_THROW(allocator_config::parse("expandable_segments:True,large_segment_size_mb:"
+                                       "99999999999999999"),
+               config_error);
+  EXPECT_THROW(allocator_config::parse("pinned_reserve_segment_size_mb:1048577"), config_error);
+  EXPECT_EQ(allocator_config::parse("large_segment_size_mb:1048576").large_segment_size,
+            std::size_t{1} << 40);
+  EXPECT_EQ(
+      allocator_config::parse("pinned_reserve_segment_size_mb:1048576").pinned_reserve_segment_size,
+      std::size_t{1} << 40);
+  // Thresholds are not allocated: as in PyTorch, a huge value means "no limit".
+  EXPECT_NO_THROW(
+      allocator_config::parse("max_split_size_mb:17592186044415,"
+                              "max_non_split_rounding_mb:99999999999999999"));
+}
+
+TEST(config_errors, validate_refuses_out_of_range_settings_made_in_code) {
+  EXPECT_NO_THROW(allocator_config{}.validate());
+  auto refused = [](auto change, const char* key) {
+    allocator_config c;
+    change(c);
+    try {
+      c.validate();
+      ADD_FAILURE() << "no error for " << key;
+    } catch (const config_error& e) {
+      EXPECT_EQ(e.key(), key);
+    }
+  };
+  refused([](allocator_config& c) { c.large_segment_size = std::size_t{1} << 62; },
+          "large_segment_size_mb");
+  refused([](allocator_config& c) { c.large_segment_size = 0; }, "large_segment_size_mb");
+  refused([](allocator_config& c) { c.max_split_size = 1 * kMiB; }, "max_split_size_mb");
+  refused([](allocator_config& c) { c.max_non_split_rounding = 0; }, "max_non_split_rounding_mb");
+  refused([](allocator_config& c) { c.pinned_reserve_segment_size = SIZE_MAX; },
+          "pinned_reserve_segment_size_mb");
+  refused([](allocator_config& c) { c.per_process_memory_fraction = 2.0; },
+          "per_process_memory_fraction");
+  refused([](allocator_config& c) { c.garbage_collection_threshold = 1.0; },
+          "garbage_collection_threshold");
+  refused([](allocator_config& c) { c.roundup_power2_divisions[3] = 3; },
+          "roundup_power2_divisions");
+  refused([](allocator_config& c) { c.pinned_num_register_threads = 0; },
+          "pinned_num_register_threads");
 }
 
 TEST(config_errors, parse_leaves_nothing_half_applied) {

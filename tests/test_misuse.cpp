@@ -126,4 +126,44 @@ TEST(MisuseConfig, TheConfigurationIsFixedAtConstruction) {
   a.check_invariants();
 }
 
+TEST(MisuseConfig, ExtremeSizeSettingsAllocateOrRunOutOfMemory) {
+  // The largest accepted sizes under every policy: each request is served or is an out-of-memory
+  // error, never an overflow (a SIGFPE or a zero-sized address reservation before the bounds).
+  for (const char* policy : {"policy:classic", "policy:expandable", "policy:stitch"}) {
+    SCOPED_TRACE(policy);
+    simulated_device dev{device_options(1 * GiB)};
+    allocator a(dev, config(std::string(policy) +
+                            ",large_segment_size_mb:1048576,max_split_size_mb:17592186044415,"
+                            "max_non_split_rounding_mb:17592186044415"));
+    for (std::size_t size : {5 * MiB, 512 * KiB, 12 * MiB, 300 * MiB}) {
+      SCOPED_TRACE(size);
+      try {
+        a.deallocate(a.allocate(size));
+      } catch (const gpumem::out_of_memory&) {
+      }
+      a.check_invariants();
+    }
+  }
+}
+
+TEST(MisuseConfig, OutOfRangeSettingsMadeInCodeAreRefusedAtConstruction) {
+  simulated_device dev{device_options(1 * GiB)};
+  gpumem::allocator_config c = config("policy:expandable");
+  c.large_segment_size = std::numeric_limits<std::size_t>::max() - 1;
+  EXPECT_THROW(allocator(dev, c), gpumem::config_error);
+}
+
+TEST(MisuseConfig, AnUnlimitedNonSplitRoundingReusesOversizeBlocks) {
+  // max_non_split_rounding "unlimited": any cached oversize block serves an oversize request (the
+  // waste test must not overflow into refusing every block).
+  simulated_device dev{device_options(1 * GiB)};
+  allocator a(dev, config("max_split_size_mb:20,max_non_split_rounding_mb:17592186044415"));
+  a.deallocate(a.allocate(200 * MiB));
+  const auto calls = a.stats().num_device_alloc;
+  a.deallocate(a.allocate(100 * MiB));
+  EXPECT_EQ(a.stats().num_device_alloc, calls);
+  EXPECT_EQ(reserved(a), static_cast<std::int64_t>(200 * MiB));
+  a.check_invariants();
+}
+
 }  // namespace

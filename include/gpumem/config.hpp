@@ -134,6 +134,13 @@ struct allocator_config {
   /// when set, which only parse()/GPUMEM_ALLOC_CONF accept. Thread-safe; may throw std::bad_alloc.
   std::string to_string() const;
 
+  /// Checks the ranges the allocators rely on, for settings made in code (parse() only produces
+  /// valid configs): large_segment_size above 10 MiB and at most 1 TiB, max_split_size and
+  /// max_non_split_rounding not below it, pinned_reserve_segment_size at most 1 TiB, the fraction
+  /// in [0, 1], the threshold in [0, 1), divisions 0 or a power of two, register threads a power of
+  /// two up to 128. Throws config_error naming the key (position: npos); thread-safe.
+  void validate() const;
+
   /// One line for each set key that gpumem accepts but does not honour, saying why; empty when
   /// everything set takes effect. Thread-safe; may throw std::bad_alloc.
   std::vector<std::string> notes() const;
@@ -203,6 +210,12 @@ inline std::string known_config_keys() {
 }
 
 inline constexpr std::size_t max_whole_mib = std::numeric_limits<std::size_t>::max() / config_mib;
+
+// The largest segment a size setting may ask for (large_segment_size_mb,
+// pinned_reserve_segment_size_mb): 1 TiB, several times the memory of any GPU or pinned pool, and
+// small enough that the allocator's page arithmetic (rounding a segment up to pages, 9/8 of the
+// device for an expandable range) cannot overflow.
+inline constexpr std::uint64_t max_segment_mib = std::uint64_t{1} << 20;
 
 // PyTorch caps a MiB count at SIZE_MAX / 1 MiB before converting, so huge values mean "no limit"
 // rather than an overflow.
@@ -324,7 +337,10 @@ inline void apply_config_entry(allocator_config& config, const config_entry& ent
   } else if (key == "pinned_reserve_segment_size_mb") {
     const std::uint64_t in_mib = uint_value();
     if (in_mib == 0) fail("must be greater than 0");
-    if (in_mib > max_whole_mib) fail("too large: the size in bytes does not fit in size_t");
+    if (in_mib > max_segment_mib) {
+      fail("must be at most " + std::to_string(max_segment_mib) +
+           " (MiB, 1 TiB: the largest segment gpumem asks the device for)");
+    }
     config.pinned_reserve_segment_size = static_cast<std::size_t>(in_mib) * config_mib;
   } else if (key == "backend") {
     const std::string& name = single_value(entry, source).text;
@@ -377,6 +393,11 @@ inline allocator_config parse_config(std::string_view text, allocator_config con
       throw_invalid_value(source, entry.key.text, entry.value_text, entry.value.position,
                           "must be greater than 10 (MiB, the large-allocation threshold)");
     }
+    if (in_mib > max_segment_mib) {
+      throw_invalid_value(source, entry.key.text, entry.value_text, entry.value.position,
+                          "must be at most " + std::to_string(max_segment_mib) +
+                              " (MiB, 1 TiB: the largest segment gpumem asks the device for)");
+    }
     segment_entry = &entry;
   }
   bool split_set = false;
@@ -386,8 +407,8 @@ inline allocator_config parse_config(std::string_view text, allocator_config con
     rounding_set = rounding_set || entry.key.text == "max_non_split_rounding_mb";
   }
   if (segment_entry != nullptr) {
-    const std::size_t segment = clamped_mib_to_bytes(
-        read_config_uint(segment_entry->value, segment_entry->key.text, source));
+    const std::size_t segment = static_cast<std::size_t>(
+        read_config_uint(segment_entry->value, segment_entry->key.text, source) * config_mib);
     // The rounding tolerance tracks the segment size unless something set it apart.
     if (config.max_non_split_rounding == config.large_segment_size) {
       config.max_non_split_rounding = segment;
@@ -458,6 +479,48 @@ inline std::size_t allocator_config::divisions_for(std::size_t size) const noexc
 
 inline bool allocator_config::has_memory_cap() const noexcept {
   return per_process_memory_fraction.has_value() && *per_process_memory_fraction < 1.0;
+}
+
+inline void allocator_config::validate() const {
+  auto fail = [](const char* key, const std::string& value, const std::string& reason) {
+    throw config_error("gpumem config: " + std::string(key) + " = " + value + " " + reason, key,
+                       value, std::string::npos);
+  };
+  const std::size_t max_segment = static_cast<std::size_t>(detail::max_segment_mib) << 20;
+  if (large_segment_size <= (std::size_t{10} << 20) || large_segment_size > max_segment) {
+    fail("large_segment_size_mb", std::to_string(large_segment_size) + " B",
+         "is outside (10 MiB, 1 TiB]");
+  }
+  if (max_split_size < large_segment_size) {
+    fail("max_split_size_mb", std::to_string(max_split_size) + " B",
+         "is below large_segment_size (" + std::to_string(large_segment_size) + " B)");
+  }
+  if (max_non_split_rounding < large_segment_size) {
+    fail("max_non_split_rounding_mb", std::to_string(max_non_split_rounding) + " B",
+         "is below large_segment_size (" + std::to_string(large_segment_size) + " B)");
+  }
+  if (pinned_reserve_segment_size > max_segment) {
+    fail("pinned_reserve_segment_size_mb", std::to_string(pinned_reserve_segment_size) + " B",
+         "is above 1 TiB");
+  }
+  if (per_process_memory_fraction &&
+      !(*per_process_memory_fraction >= 0.0 && *per_process_memory_fraction <= 1.0)) {
+    fail("per_process_memory_fraction", detail::config_double_text(*per_process_memory_fraction),
+         "is outside [0, 1]");
+  }
+  if (!(garbage_collection_threshold >= 0.0 && garbage_collection_threshold < 1.0)) {
+    fail("garbage_collection_threshold", detail::config_double_text(garbage_collection_threshold),
+         "is outside [0, 1)");
+  }
+  for (std::size_t d : roundup_power2_divisions) {
+    if (d != 0 && !detail::is_power_of_two(d)) {
+      fail("roundup_power2_divisions", std::to_string(d), "is neither 0 nor a power of two");
+    }
+  }
+  if (!detail::is_power_of_two(pinned_num_register_threads) || pinned_num_register_threads > 128) {
+    fail("pinned_num_register_threads", std::to_string(pinned_num_register_threads),
+         "is not a power of two up to 128");
+  }
 }
 
 inline allocator_config allocator_config::parse(std::string_view text, allocator_config base) {

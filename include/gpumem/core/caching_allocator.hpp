@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -171,10 +172,11 @@ class caching_allocator {
   using event_observer = std::function<void(const allocator_event<stream_type>&)>;
 
   /// Uses `config` as given (see allocator_config::resolve to combine it with the environment).
-  /// Throws config_error when the configuration asks for a policy this build does not provide.
+  /// Throws config_error when a setting is out of range (allocator_config::validate).
   explicit caching_allocator(Device& device,
                              allocator_config config = allocator_config::from_environment())
       : device_(device), config_(std::move(config)) {
+    config_.validate();
     policy_ = config_.effective_policy(is_vmm_device_v<Device>);
     if constexpr (is_vmm_device_v<Device>) {
       if (vmm_policy()) granularity_ = device_.granularity();
@@ -229,6 +231,7 @@ class caching_allocator {
   void* allocate(std::size_t size, stream_type stream) {
     if (size == 0) return nullptr;
     std::lock_guard<detail::spin_mutex> lock(mutex_);
+    observer_error_ = nullptr;
     if (!pending_events_.empty()) process_events();
     if (size > detail::k_max_request) {
       throw_oom(size, size, size, lookup_pools(stream).large, false);
@@ -239,8 +242,14 @@ class caching_allocator {
     block_type* b = get_free_block(p, rounded);
     if (b == nullptr) b = allocate_new_block(p, size, rounded);
     void* ptr = alloc_found_block(b, *b->owner, rounded, size);  // stitch may borrow another's
-    if (observer_)
+    if (observer_) {
       notify(allocator_action::alloc, reinterpret_cast<std::uintptr_t>(ptr), size, stream);
+      if (observer_error_) {
+        // Undone: the caller gets the observer's exception and no pointer.
+        release_allocated(allocated_.erase(reinterpret_cast<std::uintptr_t>(ptr)));
+        rethrow_observer_error();
+      }
+    }
     return ptr;
   }
 
@@ -264,24 +273,11 @@ class caching_allocator {
   bool try_deallocate(void* ptr) {
     if (ptr == nullptr) return true;
     std::lock_guard<detail::spin_mutex> lock(mutex_);
+    observer_error_ = nullptr;
     block_type* b = allocated_.erase(reinterpret_cast<std::uintptr_t>(ptr));
     if (b == nullptr) return false;
-    if (observer_) {
-      notify(allocator_action::free_requested, b->ptr, b->requested_size, b->owner->stream);
-    }
-    b->allocated = false;
-    const bool small = b->owner->is_small;
-    if (policy_ == allocator_policy::stitch && !small) {
-      pool_for(lookup_pools(b->owner->stream), b->size).has_freed = true;
-    }
-    counts_.decrease(small, counter::allocation, 1);
-    counts_.decrease(small, counter::allocated_bytes, as_i64(b->size));
-    if (b->size >= config_.max_split_size) stats_.oversize_allocations.decrease(1);
-    if (!b->stream_uses.empty()) {
-      insert_events(b);
-    } else {
-      free_block(b);
-    }
+    release_allocated(b);
+    rethrow_observer_error();  // the block was freed all the same
     return true;
   }
 
@@ -309,8 +305,10 @@ class caching_allocator {
   /// is placed as if it ran alone. Throws cuda_error on device failure.
   void empty_cache() {
     std::lock_guard<detail::spin_mutex> lock(mutex_);
+    observer_error_ = nullptr;
     release_cached_blocks();
     forget_freed_classes();
+    rethrow_observer_error();
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -454,6 +452,9 @@ class caching_allocator {
 
   /// Calls `observer` for every allocator_action from now on (an empty function stops it), with
   /// the allocator's lock held: it must be quick and must not call back into this allocator.
+  /// An observer may throw: the operation still completes and leaves the allocator consistent
+  /// (an allocate whose events threw is undone: nothing is handed out; a deallocate frees the
+  /// block), then the member rethrows the first exception; an out_of_memory takes precedence.
   /// Not to be called concurrently with other members.
   void set_event_observer(event_observer observer) {
     std::lock_guard<detail::spin_mutex> lock(mutex_);
@@ -493,9 +494,39 @@ class caching_allocator {
 
   static std::int64_t as_i64(std::size_t v) noexcept { return static_cast<std::int64_t>(v); }
 
+  // An observer that throws must not leave the allocator half-changed: the first exception is
+  // kept, the operation goes on to a consistent state, and the public member rethrows it.
   void notify(allocator_action action, std::uintptr_t address, std::size_t size,
               stream_type stream) const {
-    observer_(allocator_event<stream_type>{action, address, size, stream});
+    try {
+      observer_(allocator_event<stream_type>{action, address, size, stream});
+    } catch (...) {
+      if (!observer_error_) observer_error_ = std::current_exception();
+    }
+  }
+
+  void rethrow_observer_error() {
+    if (observer_error_) std::rethrow_exception(std::exchange(observer_error_, nullptr));
+  }
+
+  // Frees block b, just taken out of the pointer map: deallocate's work.
+  void release_allocated(block_type* b) {
+    if (observer_) {
+      notify(allocator_action::free_requested, b->ptr, b->requested_size, b->owner->stream);
+    }
+    b->allocated = false;
+    const bool small = b->owner->is_small;
+    if (policy_ == allocator_policy::stitch && !small) {
+      pool_for(lookup_pools(b->owner->stream), b->size).has_freed = true;
+    }
+    counts_.decrease(small, counter::allocation, 1);
+    counts_.decrease(small, counter::allocated_bytes, as_i64(b->size));
+    if (b->size >= config_.max_split_size) stats_.oversize_allocations.decrease(1);
+    if (!b->stream_uses.empty()) {
+      insert_events(b);
+    } else {
+      free_block(b);
+    }
   }
 
   bool gc_enabled() const noexcept {
@@ -556,8 +587,9 @@ class caching_allocator {
     const std::size_t max_split = config_.max_split_size;
     // A request below max_split_size never takes an oversize block...
     if (rounded < max_split && block_size >= max_split) return true;
-    // ...and an oversize request takes one only if it wastes less than max_non_split_rounding.
-    return rounded >= max_split && block_size >= rounded + config_.max_non_split_rounding;
+    // ...and an oversize request takes one only if it wastes less than max_non_split_rounding
+    // (block_size >= rounded: the block was found for the request; the sum could overflow).
+    return rounded >= max_split && block_size - rounded >= config_.max_non_split_rounding;
   }
 
   // PyTorch's miss path: GC, then the device, then free one oversize block and retry, then free
@@ -969,8 +1001,7 @@ class caching_allocator {
         const std::size_t page = vmm_page_size(p);
         const std::size_t needed = round_up(rounded, page);
         if (policy_ == allocator_policy::expandable) {
-          fresh = create_vmm_segment(
-              p, round_up(device_.total_memory() + device_.total_memory() / 8, page), page);
+          fresh = create_vmm_segment(p, expandable_range_size(page), page);
         } else {
           const std::size_t seg_size = stitch_range_size(p, needed);
           fresh = create_vmm_segment(p, seg_size, page);
@@ -1024,9 +1055,22 @@ class caching_allocator {
   // than a few: a class's blocks sit side by side, sharing the pages at their edges.
   std::size_t stitch_range_size(const pool_type& p, std::size_t needed) const noexcept {
     const std::size_t page = granularity_;
-    const std::size_t cap = round_up(device_.total_memory(), page);
-    const std::size_t size = std::min(std::max(p.address_space, k_stitch_min_range), cap);
-    return std::max(round_up(size, page), needed);
+    const std::size_t total = device_.total_memory();
+    const std::size_t size = std::min(std::max(p.address_space, k_stitch_min_range), total);
+    std::size_t range = 0;
+    return detail::checked_round_up(size, page, range) ? std::max(range, needed) : needed;
+  }
+
+  // Expandable: PyTorch reserves 9/8 of the device per range, so that one range can hold all of
+  // the device's memory with room for rounding. 0 (no range: out of memory) when that overflows.
+  std::size_t expandable_range_size(std::size_t page) const noexcept {
+    const std::size_t total = device_.total_memory();
+    std::size_t range = 0;
+    if (total > std::numeric_limits<std::size_t>::max() - total / 8 ||
+        !detail::checked_round_up(total + total / 8, page, range)) {
+      return 0;
+    }
+    return range;
   }
 
   void link_segment(segment_type* s) noexcept {
@@ -1047,6 +1091,7 @@ class caching_allocator {
 
   // Reserves an address range with nothing mapped: one unmapped block covering it.
   segment_type* create_vmm_segment(pool_type& p, std::size_t size, std::size_t page) {
+    if (size == 0) return nullptr;
     std::uintptr_t va = 0;
     try {
       va = device_.reserve_address(size, granularity_);
@@ -1509,6 +1554,7 @@ class caching_allocator {
     f.max_split_size = config_.max_split_size;
     f.policy = std::string(to_string(policy_));
     if (observer_) notify(allocator_action::oom, free_bytes, size, p.stream);
+    observer_error_ = nullptr;  // the out-of-memory error is the one the caller must see
     throw out_of_memory(oom_message(f), n);
   }
 
@@ -1737,9 +1783,10 @@ class caching_allocator {
   std::size_t granularity_ = 0;  // VMM page size (VMM policies only)
   std::int64_t peak_seen_ = -1;
   std::int64_t allocated_at_peak_ = 0;
-  std::size_t requested_high_water_ = 0;  // stitch: see stitch_pages_to_create
-  std::uint64_t high_water_at_ = 0;       // allocation_total() when it last grew
-  event_observer observer_;               // set_event_observer; empty: nobody listens
+  std::size_t requested_high_water_ = 0;       // stitch: see stitch_pages_to_create
+  std::uint64_t high_water_at_ = 0;            // allocation_total() when it last grew
+  event_observer observer_;                    // set_event_observer; empty: nobody listens
+  mutable std::exception_ptr observer_error_;  // the first exception an observer threw (notify)
 };
 
 }  // namespace gpumem

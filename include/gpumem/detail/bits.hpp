@@ -22,4 +22,19 @@ inline constexpr std::size_t floor_log2(std::uint64_t v) noexcept {
   return static_cast<std::size_t>(63 - __builtin_clzll(static_cast<unsigned long long>(v)));
 }
 
+/// `value` rounded up to a multiple of `unit` (> 0) in `out`; false, `out` untouched, when the
+/// result does not fit in size_t. Every rounding of a size that comes from outside (a request, a
+/// setting, a device's capacity) goes through here.
+inline constexpr bool checked_round_up(std::size_t value, std::size_t unit,
+                                       std::size_t& out) noexcept {
+  const std::size_t rem = value % unit;
+  if (rem == 0) {
+    out = value;
+    return true;
+  }
+  if (value > static_cast<std::size_t>(-1) - (unit - rem)) return false;
+  out = value + (unit - rem);
+  return true;
+}
+
 }  // namespace gpumem::detail

@@ -41,6 +41,7 @@
 
 #include <fmt/format.h>
 
+#include "gpumem/detail/bits.hpp"
 #include "gpumem/detail/size_units.hpp"
 #include "gpumem/device/detail/free_ranges.hpp"
 #include "gpumem/device/device.hpp"
@@ -282,8 +283,9 @@ class simulated_device {
     const bool large = bytes >= large_segment_alignment;
     const std::size_t alignment = large ? large_segment_alignment : segment_alignment;
     const std::size_t g = options_.segment_granularity;
-    if (!round_up(bytes, g <= 1 ? 1 : g, physical) || physical > options_.capacity - in_use_ ||
-        !round_up(bytes, alignment, footprint)) {
+    if (!detail::checked_round_up(bytes, g <= 1 ? 1 : g, physical) ||
+        physical > options_.capacity - in_use_ ||
+        !detail::checked_round_up(bytes, alignment, footprint)) {
       return out_of_memory_locked(call_kind::malloc);
     }
     const std::uintptr_t address = free_.take(footprint, alignment);
@@ -880,18 +882,6 @@ class simulated_device {
     }
   }
 
-  // Rounds `value` up to a multiple of `unit` (> 0); false on overflow.
-  static bool round_up(std::size_t value, std::size_t unit, std::size_t& out) noexcept {
-    const std::size_t rem = value % unit;
-    if (rem == 0) {
-      out = value;
-      return true;
-    }
-    if (value > SIZE_MAX - (unit - rem)) return false;
-    out = value + (unit - rem);
-    return true;
-  }
-
   void reserve_arena() {
     constexpr std::size_t min_space = std::size_t{64} << 30;
     constexpr std::size_t max_auto = std::size_t{64} << 40;
@@ -901,7 +891,7 @@ class simulated_device {
           options_.capacity > max_auto / 8 ? max_auto : std::max(8 * options_.capacity, min_space);
     }
     std::size_t usable = 0;
-    if (!round_up(space, large_segment_alignment, usable) ||
+    if (!detail::checked_round_up(space, large_segment_alignment, usable) ||
         usable > SIZE_MAX - large_segment_alignment) {
       throw std::invalid_argument(
           fmt::format("simulated_device: address_space {} is too large", space));

@@ -234,9 +234,9 @@ class simulated_host_device {
     if (faults_.should_fail(bytes)) return nullptr;
     std::size_t pinned = 0;
     std::size_t real = 0;
-    if (!detail::round_up_pow2_multiple(bytes, options_.page_size, pinned) ||
+    if (!detail::checked_round_up(bytes, options_.page_size, pinned) ||
         pinned > options_.capacity - pinned_ ||
-        !detail::round_up_pow2_multiple(bytes, allocation_alignment, real)) {
+        !detail::checked_round_up(bytes, allocation_alignment, real)) {
       ++out_of_memory_failures_;
       return nullptr;
     }
@@ -300,7 +300,7 @@ class simulated_host_device {
     const std::uintptr_t first = address & ~(static_cast<std::uintptr_t>(page) - 1);
     std::size_t last = 0;
     const std::size_t pinned =
-        detail::round_up_pow2_multiple(address + bytes - first, page, last) ? last : SIZE_MAX;
+        detail::checked_round_up(address + bytes - first, page, last) ? last : SIZE_MAX;
     if (pinned > options_.capacity - pinned_) {
       ++out_of_memory_failures_;
       return false;

@@ -134,13 +134,14 @@ class pinned_pool {
 
   /// Uses `config` as given (see allocator_config::resolve to combine code settings with the
   /// environment). Reads pinned_use_cuda_host_register and pinned_num_register_threads. Makes no
-  /// host-device call. Throws std::bad_alloc only.
+  /// host-device call. Throws config_error when a setting is out of range
+  /// (allocator_config::validate), std::bad_alloc.
   explicit pinned_pool(HostDevice& device,
                        allocator_config config = allocator_config::from_environment())
       : device_(device),
-        config_(std::move(config)),
+        config_((config.validate(), std::move(config))),
         use_register_(config_.pinned_use_cuda_host_register),
-        register_threads_(std::max<std::size_t>(1, config_.pinned_num_register_threads)),
+        register_threads_(config_.pinned_num_register_threads),
         page_size_(detail::host_page_size()) {}
 
   pinned_pool(const pinned_pool&) = delete;
@@ -438,7 +439,7 @@ class pinned_pool {
   std::size_t length_for(std::size_t rounded) const noexcept {
     if (!use_register_) return rounded;
     std::size_t length = 0;
-    return detail::round_up_pow2_multiple(rounded, page_size_, length) ? length : 0;
+    return detail::checked_round_up(rounded, page_size_, length) ? length : 0;
   }
 
   // A new block of `rounded` bytes from the host device, or null when it is out of memory.

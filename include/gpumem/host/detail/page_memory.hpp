@@ -19,6 +19,8 @@
 #include <thread>
 #include <vector>
 
+#include "gpumem/detail/bits.hpp"
+
 namespace gpumem::detail {
 
 /// The OS page size in bytes (a power of two), or 4096 when sysconf cannot tell. Thread-safe;
@@ -27,14 +29,6 @@ inline std::size_t host_page_size() noexcept {
   const long page = ::sysconf(_SC_PAGESIZE);
   if (page <= 0 || (page & (page - 1)) != 0) return 4096;
   return static_cast<std::size_t>(page);
-}
-
-/// `value` rounded up to a multiple of `unit` (a power of two); false on overflow. Never throws.
-inline bool round_up_pow2_multiple(std::size_t value, std::size_t unit, std::size_t& out) noexcept {
-  const std::size_t mask = unit - 1;
-  if (value > SIZE_MAX - mask) return false;
-  out = (value + mask) & ~mask;
-  return true;
 }
 
 /// `bytes` (> 0, a multiple of `page`, a power of two) of ordinary memory aligned to `page`;
