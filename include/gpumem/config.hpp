@@ -370,15 +370,17 @@ inline allocator_config parse_config(std::string_view text, allocator_config con
     if (is_pytorch_config_key(key)) continue;
     if (is_gpumem_config_key(key)) {
       if (!pytorch_keys_only) continue;
-      throw config_error("gpumem config: key '" + key + "' (value '" + entry.value_text + "') " +
+      throw config_error("gpumem config: key '" + printable_excerpt(key) + "' (value '" +
+                             printable_excerpt(entry.value_text) + "') " +
                              config_location(entry.key.position, source) +
                              " is gpumem's own: PyTorch rejects it at startup, so set it in "
                              "GPUMEM_ALLOC_CONF instead",
                          key, entry.value_text, entry.key.position);
     }
-    throw config_error("gpumem config: unknown key '" + key + "' (value '" + entry.value_text +
-                           "') " + config_location(entry.key.position, source) +
-                           ": known keys are " + known_config_keys(),
+    throw config_error("gpumem config: unknown key '" + printable_excerpt(key) + "' (value '" +
+                           printable_excerpt(entry.value_text) + "') " +
+                           config_location(entry.key.position, source) + ": known keys are " +
+                           known_config_keys(),
                        key, entry.value_text, entry.key.position);
   }
 

@@ -178,6 +178,48 @@ for seg in s["segments"]:
 PY
 fi
 
+# --- hostile settings and outputs: refused clearly, never a crash or a silent success -------------
+# A segment size whose page arithmetic overflowed (SIGFPE before it was bounded).
+run 2 "$work/survivor.trace" --config "policy:expandable,large_segment_size_mb:17592186044415"
+expect_in "$err" "large_segment_size_mb.*must be at most 1048576" "huge segment size refused"
+# A bad configuration is refused before the trace is read (the trace here does not exist).
+run 2 "$work/no-such.trace" --config "policy:sometimes"
+expect_in "$err" "bad configuration" "config checked before the trace is read"
+# Control characters from the command line and from the trace are escaped, never printed raw.
+run 2 "$work/survivor.trace" --config $'max_split_size_mb:\e]0;x\a'
+expect_in "$err" 'max_split_size_mb:\\x1b\]0;x\\x07' "escape sequence in a config escaped"
+if grep -q $'\e' "$work/err"; then fail "an escape character reached the terminal (config)"; fi
+printf 'gpumem-trace 1\n@source \033]0;pwned\007 title\nalloc 0x1000 1024 0\n' >"$work/escape.trace"
+run 0 "$work/escape.trace"
+expect_in "$out" 'trace: .*\\x1b\]0;pwned\\x07 title' "@source escaped"
+if grep -q $'\e' "$work/out"; then fail "an escape character reached the terminal (@source)"; fi
+# A huge bad value is echoed once, cut short.
+huge=$(head -c 100000 /dev/zero | tr '\0' 9)
+run 2 "$work/survivor.trace" --config "max_split_size_mb:$huge"
+((${#err} < 1000)) || fail "a 100 kB bad value was echoed in full (${#err} bytes of message)"
+# Output errors are errors.
+"$replay" "$work/survivor.trace" >/dev/full 2>"$work/err"
+status=$?
+[[ $status == 1 ]] || fail "writing to a full disk exited $status, expected 1"
+expect_in "$(cat "$work/err")" "cannot write the results" "full disk reported"
+"$replay" "$work/survivor.trace" >&- 2>"$work/err"
+status=$?
+[[ $status == 1 ]] || fail "a closed standard output exited $status, expected 1"
+expect_in "$(cat "$work/err")" "standard output is closed" "closed stdout reported"
+# An output onto the trace being read is refused, and the trace is left as it was.
+cp "$work/survivor.trace" "$work/self.trace"
+run 2 "$work/self.trace" --convert "$work/self.trace"
+expect_in "$err" "is the trace being read" "--convert onto its input"
+cmp -s "$work/survivor.trace" "$work/self.trace" || fail "--convert onto its input changed it"
+run 2 "$work/self.trace" --plot "$work/./self.trace"
+expect_in "$err" "is the trace being read" "--plot onto its input"
+# --find-min-memory searches at least up to the device simulated: a 1.5 TiB request completes
+# on 2 TiB, so its minimum is found (the search used to stop at 1 TiB and say it never completes).
+printf 'gpumem-trace 1\nalloc 0x1000 %d 0\n' $((3 << 39)) >"$work/huge.trace"
+run 0 "$work/huge.trace" --device-memory 2TiB --find-min-memory --config policy:classic
+expect_in "$out" "result:  completed" "1.5 TiB on a 2 TiB device"
+expect_in "$out" "minimum: completes on 1.50 TiB" "--find-min-memory beyond 1 TiB"
+
 # --- real PyTorch snapshots, when the shared folder is there --------------------------------------
 shared=${GPUMEM_SHARED_TRACES:-$source_dir/../shared/traces}
 if [[ -f $shared/transformer-forward-bf16.pickle ]]; then

@@ -4,6 +4,7 @@
 //
 // Exit status: 0 when the replays ran (whether or not they ran out of memory), 1 when a trace
 // could not be read or a replay failed, 2 for a bad command line.
+#include <fcntl.h>
 #include <poll.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -13,7 +14,9 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -28,6 +31,7 @@
 
 #include "gpumem/config.hpp"
 #include "gpumem/detail/size_units.hpp"
+#include "gpumem/detail/utf8.hpp"
 #include "gpumem/error.hpp"
 #include "gpumem/report/memory_plot.hpp"
 #include "gpumem/trace/native_format.hpp"
@@ -64,7 +68,8 @@ struct options {
   std::string allocator = "gpumem";  // gpumem, pytorch or cub
   std::size_t device_memory = std::size_t{80} << 30;
   bool device_memory_given = false;
-  std::vector<std::string> configs;  // as given, in order
+  std::vector<std::string> configs;                      // as given, in order
+  std::vector<gpumem::allocator_config> parsed_configs;  // the same, parsed (--allocator gpumem)
   bool compare = false;
   bool find_min_memory = false;
   std::size_t min_memory_limit = std::size_t{1} << 40;
@@ -157,11 +162,13 @@ options parse_command_line(int argc, char** argv) {
     }
     auto value = [&]() -> std::string {
       if (inline_value) return *inline_value;
-      if (i + 1 >= argc) usage_error(fmt::format("{} needs a value", arg));
+      if (i + 1 >= argc)
+        usage_error(fmt::format("{} needs a value", gpumem::detail::printable_excerpt(arg)));
       return argv[++i];
     };
     auto no_value = [&]() {
-      if (inline_value) usage_error(fmt::format("{} takes no value", arg));
+      if (inline_value)
+        usage_error(fmt::format("{} takes no value", gpumem::detail::printable_excerpt(arg)));
     };
     if (arg == "-h" || arg == "--help") {
       print_help();
@@ -174,7 +181,8 @@ options parse_command_line(int argc, char** argv) {
       try {
         o.device_memory = gpumem::parse_size(v);
       } catch (const std::invalid_argument& e) {
-        usage_error(fmt::format("--device-memory: {}", e.what()));
+        usage_error(
+            fmt::format("--device-memory: {}", gpumem::detail::printable_excerpt(e.what(), 300)));
       }
       if (o.device_memory == 0) usage_error("--device-memory must be more than 0 bytes");
       if (o.device_memory > (std::size_t{1} << 50)) {
@@ -184,8 +192,8 @@ options parse_command_line(int argc, char** argv) {
     } else if (arg == "--allocator") {
       o.allocator = value();
       if (o.allocator != "gpumem" && o.allocator != "pytorch" && o.allocator != "cub") {
-        usage_error(
-            fmt::format("--allocator must be gpumem, pytorch or cub, got \"{}\"", o.allocator));
+        usage_error(fmt::format("--allocator must be gpumem, pytorch or cub, got \"{}\"",
+                                gpumem::detail::printable_excerpt(o.allocator)));
       }
     } else if (arg == "--config") {
       if (config_given || o.compare) usage_error("give one --config, or --compare with several");
@@ -222,7 +230,8 @@ options parse_command_line(int argc, char** argv) {
     } else if (arg == "--snapshot-device") {
       const std::string v = value();
       if (v.empty() || v.size() > 4 || v.find_first_not_of("0123456789") != std::string::npos) {
-        usage_error(fmt::format("--snapshot-device needs a device number, got \"{}\"", v));
+        usage_error(fmt::format("--snapshot-device needs a device number, got \"{}\"",
+                                gpumem::detail::printable_excerpt(v)));
       }
       o.snapshot_device = std::stoi(v);
     } else if (arg == "--progress") {
@@ -234,14 +243,17 @@ options parse_command_line(int argc, char** argv) {
       } else if (v == "never") {
         o.progress = progress_mode::never;
       } else {
-        usage_error(fmt::format("--progress must be auto, always or never, got \"{}\"", v));
+        usage_error(fmt::format("--progress must be auto, always or never, got \"{}\"",
+                                gpumem::detail::printable_excerpt(v)));
       }
     } else if (arg.rfind("-", 0) == 0 && arg != "-") {
-      usage_error(fmt::format("unknown option {}", arg));
+      usage_error(fmt::format("unknown option {}", gpumem::detail::printable_excerpt(arg)));
     } else if (o.trace_path.empty()) {
       o.trace_path = arg;
     } else {
-      usage_error(fmt::format("one trace at a time: \"{}\" and \"{}\"", o.trace_path, arg));
+      usage_error(fmt::format("one trace at a time: \"{}\" and \"{}\"",
+                              gpumem::detail::printable_excerpt(o.trace_path),
+                              gpumem::detail::printable_excerpt(arg)));
     }
   }
   if (o.trace_path.empty()) usage_error("no trace given");
@@ -259,6 +271,28 @@ options parse_command_line(int argc, char** argv) {
     }
   }
   if (o.configs.empty()) o.configs.emplace_back("");
+  // Settings are checked before the trace is read: a typo is reported at once. A peer checks its
+  // own configuration (PyTorch's or CUB's syntax).
+  if (o.allocator == "gpumem") {
+    for (const std::string& text : o.configs) {
+      try {
+        o.parsed_configs.push_back(gpumem::allocator_config::parse(text));
+      } catch (const gpumem::config_error& e) {
+        usage_error(fmt::format("bad configuration \"{}\": {}",
+                                gpumem::detail::printable_excerpt(text), e.what()));
+      }
+    }
+  }
+  // The search must at least cover the device the user simulates.
+  o.min_memory_limit = std::max(o.min_memory_limit, o.device_memory);
+  // An output written over the trace would destroy it before (or while) it is read.
+  for (const std::string* output : {&o.convert_path, &o.plot_path, &o.export_path}) {
+    std::error_code ec;
+    if (!output->empty() && std::filesystem::equivalent(*output, o.trace_path, ec)) {
+      usage_error(fmt::format("\"{}\" is the trace being read: write the output to another file",
+                              gpumem::detail::printable(*output)));
+    }
+  }
   return o;
 }
 
@@ -339,9 +373,10 @@ std::string device_calls_text(const gpumem::call_counters& calls) {
 
 void print_trace_header(const options& o, const gpumem::allocation_trace& t,
                         const gpumem::compiled_trace& c) {
-  fmt::print("trace:   {} ({}{} events, {} allocations, {} stream{})\n", o.trace_path,
-             t.source.empty() ? "" : t.source + ", ", t.events.size(), c.allocations,
-             c.stream_ids.size(), c.stream_ids.size() == 1 ? "" : "s");
+  fmt::print("trace:   {} ({}{} events, {} allocations, {} stream{})\n",
+             gpumem::detail::printable(o.trace_path),
+             t.source.empty() ? "" : gpumem::detail::printable(t.source) + ", ", t.events.size(),
+             c.allocations, c.stream_ids.size(), c.stream_ids.size() == 1 ? "" : "s");
   if (t.initial_events != 0) {
     fmt::print("         {} blocks were live before recording began; they are allocated first\n",
                t.initial_events);
@@ -364,7 +399,8 @@ void print_trace_header(const options& o, const gpumem::allocation_trace& t,
 
 void print_detail(const options& o, const config_run& run, const gpumem::compiled_trace& c) {
   const gpumem::replay_result& r = run.result;
-  fmt::print("config:  \"{}\" (allocator {}, policy {})\n", run.text, o.allocator, r.policy);
+  fmt::print("config:  \"{}\" (allocator {}, policy {})\n", gpumem::detail::printable(run.text),
+             o.allocator, r.policy);
   if (r.completed) {
     fmt::print("result:  completed, {} events\n", r.events_replayed);
   } else {
@@ -424,7 +460,7 @@ void print_table(const options& o, const std::vector<config_run>& runs,
   for (const config_run& run : runs) {
     const gpumem::replay_result& r = run.result;
     std::vector<std::string> row = {
-        run.text.empty() ? "(default)" : run.text,
+        run.text.empty() ? "(default)" : gpumem::detail::printable(run.text),
         r.policy,
         r.completed ? "completed" : fmt::format("OOM at event {}", *r.oom_event_index),
         bytes(r.peak_requested),
@@ -463,8 +499,9 @@ void print_table(const options& o, const std::vector<config_run>& runs,
   (void)c;
   for (const config_run& run : runs) {
     if (run.result.completed) continue;
-    fmt::print("\n--- \"{}\" ran out of memory at event {} ---\n{}\n", run.text,
-               *run.result.oom_event_index, run.result.oom_message);
+    fmt::print("\n--- \"{}\" ran out of memory at event {} ---\n{}\n",
+               gpumem::detail::printable(run.text), *run.result.oom_event_index,
+               run.result.oom_message);
     if (o.verbose && !run.result.memory_summary.empty()) {
       fmt::print("\n{}\n", run.result.memory_summary);
     }
@@ -919,7 +956,7 @@ int run(const options& o) {
       throw std::system_error(errno, std::generic_category(),
                               "cannot write '" + o.convert_path + "'");
     std::fprintf(stderr, "gpumem-replay: wrote %zu events to %s\n", trace.events.size(),
-                 o.convert_path.c_str());
+                 gpumem::detail::printable(o.convert_path).c_str());
     return 0;
   }
   const gpumem::compiled_trace compiled = gpumem::compile_trace(trace);
@@ -927,18 +964,10 @@ int run(const options& o) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - read_start).count();
 
   std::vector<config_run> runs;
-  for (const std::string& text : o.configs) {
+  for (std::size_t i = 0; i < o.configs.size(); ++i) {
     config_run run;
-    run.text = text;
-    if (peer) {  // the peer checks its own configuration
-      runs.push_back(std::move(run));
-      continue;
-    }
-    try {
-      run.config = gpumem::allocator_config::parse(text);
-    } catch (const gpumem::config_error& e) {
-      usage_error(fmt::format("bad configuration \"{}\": {}", text, e.what()));
-    }
+    run.text = o.configs[i];
+    if (!peer) run.config = o.parsed_configs[i];
     runs.push_back(std::move(run));
   }
 
@@ -998,16 +1027,51 @@ int run(const options& o) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  const options o = parse_command_line(argc, argv);
-  try {
-    return run(o);
-  } catch (const gpumem::trace_error& e) {
-    std::fprintf(stderr, "gpumem-replay: %s\n", e.what());
-  } catch (const std::system_error& e) {
-    std::fprintf(stderr, "gpumem-replay: %s\n", e.what());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "gpumem-replay: replay failed: %s\n", e.what());
+// Whether the program started with standard output closed. Its descriptor is then taken by
+// /dev/null, so that no file opened later (a --convert output) becomes standard output.
+bool stdout_was_closed = false;
+
+void reserve_standard_descriptors() {
+  for (int fd : {STDIN_FILENO, STDOUT_FILENO, STDERR_FILENO}) {
+    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    if (fd == STDOUT_FILENO) stdout_was_closed = true;
+    const int opened = ::open("/dev/null", fd == STDIN_FILENO ? O_RDONLY : O_WRONLY);
+    if (opened != fd && opened >= 0) ::close(opened);  // fd is the lowest free descriptor
   }
-  return 1;
+}
+
+// Output that did not reach its destination (a full disk, a closed pipe) is an error: results
+// that were never written must not look like a success.
+int check_output(int status, bool writes_stdout) {
+  if (stdout_was_closed && writes_stdout) {
+    std::fprintf(stderr,
+                 "gpumem-replay: standard output is closed: the results were not written\n");
+    return 1;
+  }
+  if (std::fflush(stdout) != 0 || std::ferror(stdout) != 0) {
+    std::fprintf(stderr, "gpumem-replay: cannot write the results to standard output: %s\n",
+                 std::strerror(errno != 0 ? errno : EIO));
+    return 1;
+  }
+  return status;
+}
+
+int main(int argc, char** argv) {
+  reserve_standard_descriptors();
+  const options o = parse_command_line(argc, argv);
+  const bool writes_stdout = o.convert_path.empty();
+  // Messages may quote the input (a trace's text, a file name): printed escaped.
+  auto report = [](const char* prefix, const char* what) {
+    std::fprintf(stderr, "gpumem-replay: %s%s\n", prefix, gpumem::detail::printable(what).c_str());
+  };
+  try {
+    return check_output(run(o), writes_stdout);
+  } catch (const gpumem::trace_error& e) {
+    report("", e.what());
+  } catch (const std::system_error& e) {
+    report("", e.what());
+  } catch (const std::exception& e) {
+    report("replay failed: ", e.what());
+  }
+  return check_output(1, writes_stdout);
 }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gpumem/detail/bits.hpp"
+#include "gpumem/detail/utf8.hpp"
 #include "gpumem/error.hpp"
 
 namespace gpumem::detail {
@@ -58,18 +59,20 @@ inline std::string config_location(std::size_t position, config_source source) {
 [[noreturn]] inline void throw_invalid_value(config_source source, const std::string& key,
                                              const std::string& value, std::size_t position,
                                              std::string_view reason) {
-  throw config_error("gpumem config: invalid value '" + value + "' for key '" + key + "' " +
-                         config_location(position, source) + ": " + std::string(reason),
+  throw config_error("gpumem config: invalid value '" + printable_excerpt(value) + "' for key '" +
+                         printable_excerpt(key) + "' " + config_location(position, source) + ": " +
+                         std::string(reason),
                      key, value, position);
 }
 
 [[noreturn]] inline void throw_syntax_error(config_source source, const std::string& key,
                                             const std::string& found, std::size_t position,
                                             std::string_view reason) {
-  std::string subject =
-      key.empty() ? std::string("syntax error") : "syntax error in the entry for key '" + key + "'";
+  std::string subject = key.empty()
+                            ? std::string("syntax error")
+                            : "syntax error in the entry for key '" + printable_excerpt(key) + "'";
   throw config_error("gpumem config: " + subject + " " + config_location(position, source) + ": " +
-                         std::string(reason) + ", found '" + found + "'",
+                         std::string(reason) + ", found '" + printable_excerpt(found) + "'",
                      key, found, position);
 }
 

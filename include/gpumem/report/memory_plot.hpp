@@ -44,6 +44,7 @@
 
 #include "gpumem/detail/format.hpp"
 #include "gpumem/detail/size_units.hpp"
+#include "gpumem/detail/utf8.hpp"
 
 namespace gpumem {
 
@@ -102,30 +103,11 @@ void svg_put(std::string& out, fmt::format_string<T...> format, T&&... args) {
 }
 
 /// The length of the well-formed UTF-8 sequence at s[i] that XML 1.0 allows, or 0 if there is none
-/// (a stray byte, an overlong form, a surrogate, U+FFFE / U+FFFF).
+/// (not UTF-8, or U+FFFE / U+FFFF).
 inline std::size_t xml_utf8_length(std::string_view s, std::size_t i) {
+  const std::size_t length = utf8_sequence_length(s, i);
   const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(s[i + k]); };
-  const unsigned char lead = byte(0);
-  std::size_t length = 0;
-  unsigned char low = 0x80, high = 0xBF;  // the range the second byte must be in
-  if (lead >= 0xC2 && lead <= 0xDF) {
-    length = 2;
-  } else if (lead >= 0xE0 && lead <= 0xEF) {
-    length = 3;
-    if (lead == 0xE0) low = 0xA0;   // overlong
-    if (lead == 0xED) high = 0x9F;  // surrogates
-  } else if (lead >= 0xF0 && lead <= 0xF4) {
-    length = 4;
-    if (lead == 0xF0) low = 0x90;   // overlong
-    if (lead == 0xF4) high = 0x8F;  // above U+10FFFF
-  } else {
-    return 0;
-  }
-  if (s.size() - i < length || byte(1) < low || byte(1) > high) return 0;
-  for (std::size_t k = 2; k < length; ++k) {
-    if (byte(k) < 0x80 || byte(k) > 0xBF) return 0;
-  }
-  if (lead == 0xEF && byte(1) == 0xBF && byte(2) >= 0xBE) return 0;  // U+FFFE, U+FFFF
+  if (length == 3 && byte(0) == 0xEF && byte(1) == 0xBF && byte(2) >= 0xBE) return 0;
   return length;
 }
 
