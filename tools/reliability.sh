@@ -33,7 +33,7 @@ step() { echo "== reliability: $*" >&2; }
 # 1. ASan + UBSan
 step "test suite under AddressSanitizer + UndefinedBehaviorSanitizer"
 asan_tests="not run"
-if cmake -S . -B build-asan "${common[@]}" -DGPUMEM_SANITIZE=address,undefined >/dev/null &&
+if CXX=clang++ cmake -S . -B build-asan "${common[@]}" -DGPUMEM_SANITIZE=address,undefined >/dev/null &&
   cmake --build build-asan -j"$jobs" >"$out/asan-build.log" 2>&1; then
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir build-asan -j"$jobs" -LE "gpu|torch|python" --output-on-failure >"$out/asan-ctest.log" 2>&1 ||

@@ -1,12 +1,18 @@
-// libFuzzer target: operation sequences on caching_allocator over the simulated device, every
-// policy, with fault injection; the invariant checker runs after every operation, and at the end
-// the device must hold nothing. Input: byte 0 picks the policy and the fault rule; then 3 bytes per
-// operation (kind, two bytes of argument).
+// libFuzzer target: operation sequences on caching_allocator over the simulated device, under any
+// configuration the parser accepts, with fault injection; the invariant checker runs after every
+// operation, and at the end the device must hold nothing.
+// Input: byte 0 = n, then n pairs (key, value) that make the configuration string: each key byte
+// picks one of gpumem's keys, each value byte a value from a list of edge cases (0, 1, the
+// thresholds, 2^44 - 1 MiB, 2^64 - 1, fractions, True/False, lists, policies) — a string that does
+// not parse ends the input. Then one byte picks the fault rule and the device size, then 3 bytes
+// per operation (kind, two bytes of argument).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
+#include "gpumem/config.hpp"
 #include "gpumem/core/caching_allocator.hpp"
 #include "gpumem/device/simulated_device.hpp"
 
@@ -14,27 +20,83 @@ namespace {
 
 constexpr std::size_t MiB = std::size_t{1} << 20;
 
-gpumem::allocator_config config_for(std::uint8_t b) {
-  static const char* const configs[] = {
-      "policy:classic",
-      "policy:expandable",
-      "policy:stitch",
-      "policy:classic,max_split_size_mb:40,roundup_power2_divisions:4",
-      "policy:classic,per_process_memory_fraction:0.5,garbage_collection_threshold:0.5",
-      "policy:stitch,per_process_memory_fraction:0.7"};
-  return gpumem::allocator_config::parse(configs[b % 6]);
+constexpr const char* keys[] = {"policy",
+                                "large_segment_size_mb",
+                                "max_split_size_mb",
+                                "max_non_split_rounding_mb",
+                                "roundup_power2_divisions",
+                                "garbage_collection_threshold",
+                                "per_process_memory_fraction",
+                                "expandable_segments",
+                                "pinned_num_register_threads",
+                                "pinned_reserve_segment_size_mb"};
+constexpr const char* values[] = {"classic",
+                                  "expandable",
+                                  "stitch",
+                                  "auto",
+                                  "True",
+                                  "False",
+                                  "0",
+                                  "1",
+                                  "2",
+                                  "4",
+                                  "10",
+                                  "11",
+                                  "16",
+                                  "20",
+                                  "21",
+                                  "64",
+                                  "100",
+                                  "1000",
+                                  "1048576",
+                                  "1048577",
+                                  "17592186044415",
+                                  "17592186044416",
+                                  "9223372036854775808",
+                                  "18446744073709551615",
+                                  "0.0001",
+                                  "0.3",
+                                  "0.5",
+                                  "0.999",
+                                  "1",
+                                  "[1:2,64:8,>:4]",
+                                  "[>:16]",
+                                  "[256:1,1024:1048576]",
+                                  "[1:4611686018427387904]"};
+
+std::string config_text(const std::uint8_t* data, std::size_t pairs) {
+  std::string text;
+  for (std::size_t i = 0; i < pairs; ++i) {
+    if (!text.empty()) text += ',';
+    text += keys[data[2 * i] % (sizeof keys / sizeof *keys)];
+    text += ':';
+    text += values[data[2 * i + 1] % (sizeof values / sizeof *values)];
+  }
+  return text;
 }
 
 }  // namespace
 
-extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* input, std::size_t input_size) {
+  if (input_size < 1) return 0;
+  const std::size_t pairs = input[0] % 8;
+  if (input_size < 1 + 2 * pairs) return 0;
+  gpumem::allocator_config config;
+  try {
+    config = gpumem::allocator_config::parse(config_text(input + 1, pairs));
+  } catch (const gpumem::config_error&) {
+    return 0;
+  }
+  const std::uint8_t* data = input + 1 + 2 * pairs;
+  const std::size_t size = input_size - 1 - 2 * pairs;
   if (size < 1) return 0;
   gpumem::simulated_device::options o;
-  o.capacity = 512 * MiB;
+  // 512 MiB, or 3 GiB: more than the largest segment a small large_segment_size_mb gives.
+  o.capacity = (data[0] & 0x8) != 0 ? 3072 * MiB : 512 * MiB;
   o.completion = gpumem::event_completion::manual;
   switch ((data[0] >> 4) % 4) {
     case 1:
-      o.faults.fail_nth_call = 1 + (data[0] & 0xF);
+      o.faults.fail_nth_call = 1 + (data[0] & 0x7);
       break;
     case 2:
       o.faults.fail_probability = 0.1, o.faults.seed = data[0];
@@ -49,7 +111,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::vector<gpumem::simulated_device::stream_type> streams{dev.default_stream(),
                                                              dev.create_stream()};
   {
-    gpumem::caching_allocator<gpumem::simulated_device> a(dev, config_for(data[0]));
+    gpumem::caching_allocator<gpumem::simulated_device> a(dev, config);
     std::vector<void*> live;
     for (std::size_t i = 1; i + 2 < size; i += 3) {
       const std::uint8_t kind = data[i] % 8;

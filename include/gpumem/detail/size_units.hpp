@@ -16,6 +16,8 @@
 
 #include <fmt/format.h>
 
+#include "gpumem/detail/utf8.hpp"
+
 namespace gpumem {
 
 namespace detail {
@@ -37,7 +39,7 @@ inline std::string ascii_lower(std::string_view s) {
   throw std::invalid_argument(fmt::format(
       "invalid size \"{}\": {} (expected a non-negative number with an optional binary unit, "
       "e.g. \"80GiB\", \"512MiB\", \"1.5GiB\", \"64K\", \"1024\")",
-      text, why));
+      printable_excerpt(text), why));
 }
 
 }  // namespace detail
@@ -109,7 +111,8 @@ inline std::size_t parse_size(std::string_view text) {
                               "or give the exact number of bytes",
                               unit_text, unit_text.substr(0, 1)));
   } else {
-    detail::throw_bad_size(original, fmt::format("unknown unit \"{}\"", unit_text));
+    detail::throw_bad_size(
+        original, fmt::format("unknown unit \"{}\"", detail::printable_excerpt(unit_text)));
   }
 
   if (overflow || (integer != 0 && integer > max / unit)) {
