@@ -106,8 +106,10 @@ std::string error_of(const std::function<void()>& f) {
   return "no error";
 }
 
+// Rank 0's store goes when rank 0 returns: the others must be done with it by then (repeated:
+// a race there shows only now and then).
 TEST(TcpStoreRendezvous, WithoutTorchrunRankZeroServesTheStoreAndEveryRankGetsTheId) {
-  for (int world : {2, 4}) {
+  for (int world : {2, 4, 8, 2, 4, 8, 2, 4, 8, 2, 4, 8}) {
     SCOPED_TRACE(world);
     const int port = free_port();
     std::vector<std::vector<char>> payloads(static_cast<std::size_t>(world),
@@ -122,7 +124,7 @@ TEST(TcpStoreRendezvous, WithoutTorchrunRankZeroServesTheStoreAndEveryRankGetsTh
 }
 
 // Under torchrun the agent's store is on MASTER_PORT: every rank is its client, keys are gpumem's
-// and per call, and rank 0 removes what it can once every rank took the id.
+// and per call, and rank 0 removes them once every rank is done with them.
 TEST(TcpStoreRendezvous, UnderTorchrunEveryRankIsAClientOfTheAgentsStore) {
   const int port = free_port();
   const auto store = agent_store(port);
@@ -143,8 +145,7 @@ TEST(TcpStoreRendezvous, UnderTorchrunEveryRankIsAClientOfTheAgentsStore) {
     EXPECT_EQ(prefix.rfind("gpumem/nccl/unique_id/job42/", 0), 0u) << prefix;
     EXPECT_FALSE(store->check({prefix + "/id"}));  // a finished round leaves no id behind
   }
-  // One small key per call stays (rank 0's "go", which ranks may still be waiting on).
-  EXPECT_EQ(store->getNumKeys(), keys_before + 2);
+  EXPECT_EQ(store->getNumKeys(), keys_before);  // gpumem's keys are gone again
   EXPECT_TRUE(store->check({"someone/else"}));  // others' keys untouched
 }
 

@@ -12,7 +12,8 @@
 // its id with a fresh random round, every rank counts itself under that round and waits for rank
 // 0's "go" under it — which a dead rank 0 never gives — and a rank still waiting re-reads the id
 // now and then: when the live rank 0 has replaced a left-over id, it switches. Rank 0 deletes the
-// id before its "go", so a finished round's id is never taken.
+// id before its "go", so a finished round's id is never taken, and returns (closing a store it
+// serves) only once every rank saw the "go"; then it deletes the round's keys.
 //
 // The store is c10d's and as open as PyTorch's own (no authentication: whoever reaches MASTER_PORT
 // can read its keys, PyTorch's own NCCL ids included). A server gpumem starts listens only on
@@ -168,10 +169,10 @@ inline c10::intrusive_ptr<c10d::Store> open_tcp_store(const std::string& host, i
 
 /// Rank 0 sets `prefix`/id to `payload` and returns once the world_size - 1 other ranks took it;
 /// the others wait for the key, copy it into `payload` (which must have the size rank 0's has)
-/// and return once rank 0 saw every rank take it (see the top of the file; a rank re-reads the
-/// id every `recheck` while it waits). All by `deadline`; `timeout` and `where` (the store) are
-/// for messages. Throws std::runtime_error (rendezvous_error) for a deadline, a store error or a
-/// value that is not gpumem's.
+/// and return once rank 0 saw every rank take it; rank 0 returns once every rank saw that (see
+/// the top of the file; a rank re-reads the id every `recheck` while it waits). All by `deadline`;
+/// `timeout` and `where` (the store) are for messages. Throws std::runtime_error (rendezvous_error)
+/// for a deadline, a store error or a value that is not gpumem's.
 inline void store_exchange(c10d::Store& store, const std::string& prefix, int rank, int world_size,
                            std::vector<char>& payload, rendezvous_clock::time_point deadline,
                            std::chrono::milliseconds timeout, const std::string& where,
@@ -211,10 +212,19 @@ inline void store_exchange(c10d::Store& store, const std::string& prefix, int ra
       store.deleteKey(id_key);  // before "go": a finished round's id is never taken
       store.set(key(round, "go"), std::vector<std::uint8_t>{1});
     });
-    // Tidy up (torchrun's store lives on); "go" stays for ranks still waiting on it.
+    // A store rank 0 serves goes with it: not before every rank saw "go".
     try {
-      store.deleteKey(key(round, "taken"));
-      store.deleteKey(key(round, "all_taken"));
+      store.wait({key(round, "all_gone")}, store_time_left(deadline));
+    } catch (const c10::Error& e) {
+      rendezvous_error("rank 0 waited " + waited + " at the TCPStore " + where +
+                       ": every rank took the NCCL id, but not every rank saw rank 0 see that (" +
+                       e.what_without_backtrace() + ")");
+    }
+    // Tidy up: torchrun's store lives on. Best effort: every rank is done with these keys.
+    try {
+      for (const char* what : {"taken", "all_taken", "go", "gone", "all_gone"}) {
+        store.deleteKey(key(round, what));
+      }
     } catch (const c10::Error&) {
     }
     return;
@@ -253,7 +263,6 @@ inline void store_exchange(c10d::Store& store, const std::string& prefix, int ra
     const auto started = rendezvous_clock::now();
     try {
       store.wait({key(round, "go")}, slice);
-      return;
     } catch (const c10::Error& e) {
       // A timeout (DistStoreError, after the slice) means wait on; anything else (the store went
       // away: DistNetworkError) would only come back at once.
@@ -268,14 +277,22 @@ inline void store_exchange(c10d::Store& store, const std::string& prefix, int ra
             who + "took the NCCL id but rank 0 did not see every rank take it within " + waited +
             " (TCPStore at " + where + "; a rank missing?): " + e.what_without_backtrace());
       }
+      // Rank 0 may have replaced an id a failed attempt left behind. Gone: rank 0 finished, "go"
+      // is there. A short get: the key may go between check and get.
+      try {
+        store.setTimeout(std::min(std::chrono::milliseconds(1000), store_time_left(deadline)));
+        if (store.check({id_key})) take(store.get(id_key));
+      } catch (const c10::Error&) {
+      }
+      continue;
     }
-    // Rank 0 may have replaced an id a failed attempt left behind. Gone: rank 0 finished, "go" is
-    // there. A short get: the key may go between check and get.
-    try {
-      store.setTimeout(std::min(std::chrono::milliseconds(1000), store_time_left(deadline)));
-      if (store.check({id_key})) take(store.get(id_key));
-    } catch (const c10::Error&) {
-    }
+    store_call(who + "cannot tell rank 0 it saw its go (TCPStore at " + where + ")", [&] {
+      store.setTimeout(store_time_left(deadline));
+      if (store.add(key(round, "gone"), 1) == world_size - 1) {
+        store.set(key(round, "all_gone"), std::vector<std::uint8_t>{1});
+      }
+    });
+    return;
   }
 }
 
