@@ -171,6 +171,7 @@ inline void share_unique_id(const torchrun_environment& env, const elastic_envir
                    env.master_addr + ":" + std::to_string(env.master_port));
     return;
 #else
+    (void)sequence;  // numbers only the store's keys
     throw std::invalid_argument(
         "gpumem::nccl: the tcp_store rendezvous needs c10d's TCPStore, which this build left out "
         "(GPUMEM_NCCL_TCPSTORE=0): use the tcp rendezvous");
