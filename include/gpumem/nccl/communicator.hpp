@@ -6,6 +6,12 @@
 //   auto comm = gpumem::nccl::nccl_communicator::from_environment();   // under torchrun
 //   gpumem::train::gradient_accumulator acc(optimizer, {4}, &comm);
 //
+// NCCL's unique id goes from rank 0 to the others through c10d's TCPStore on MASTER_PORT (as
+// PyTorch does; torchrun's own store under torchrun) or, without c10d or when asked, gpumem's
+// authenticated TCP exchange: rendezvous.hpp and docs/nccl_rendezvous.md. GPUMEM_NCCL_TCPSTORE
+// (defined to 0 or 1 before including this header) forces c10d's TCPStore out or in; by default
+// it is in wherever LibTorch ships its header.
+//
 // Needs NCCL >= 2.19 (ncclCommRegister, ncclMemAlloc), the CUDA runtime and LibTorch (CUDA).
 // Thread safety: a communicator is used by one thread at a time (NCCL's rule). Errors:
 // nccl_error (a std::runtime_error naming the call and NCCL's message), std::invalid_argument for
@@ -19,7 +25,9 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/torch.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -28,8 +36,21 @@
 #include <vector>
 
 #include "gpumem/nccl/detail/tcp_rendezvous.hpp"
+#include "gpumem/nccl/rendezvous.hpp"
 #include "gpumem/nccl/segment_registry.hpp"
 #include "gpumem/train/communicator.hpp"
+
+#ifndef GPUMEM_NCCL_TCPSTORE
+#if __has_include(<torch/csrc/distributed/c10d/TCPStore.hpp>) && !defined(TORCH_STABLE_ONLY) && \
+    !defined(TORCH_TARGET_VERSION)
+#define GPUMEM_NCCL_TCPSTORE 1
+#else
+#define GPUMEM_NCCL_TCPSTORE 0
+#endif
+#endif
+#if GPUMEM_NCCL_TCPSTORE
+#include "gpumem/nccl/detail/store_rendezvous.hpp"
+#endif
 
 #if __has_include(<torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>) && defined(USE_C10D_NCCL)
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -121,15 +142,58 @@ struct torchrun_environment {
   }
 };
 
+namespace detail {
+/// Numbers the calls of from_environment in this process (see store_key_prefix).
+inline std::uint64_t next_rendezvous_sequence() noexcept {
+  static std::atomic<std::uint64_t> next{0};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+/// Hands rank 0's `bytes` to every rank of `env` by the method `options` and the environment
+/// choose (rendezvous.hpp): c10d's TCPStore at MASTER_ADDR:MASTER_PORT — a client of torchrun's
+/// agent store where TORCHELASTIC_USE_AGENT_STORE=True, else served by rank 0 — or gpumem's TCP
+/// exchange on GPUMEM_RENDEZVOUS_PORT with GPUMEM_RENDEZVOUS_TOKEN. A single rank needs nothing.
+/// `sequence` numbers this call in the process. Throws std::invalid_argument for settings,
+/// std::runtime_error for the rendezvous itself.
+inline void share_unique_id(const torchrun_environment& env, const elastic_environment& elastic,
+                            const rendezvous_options& options, std::uint64_t sequence,
+                            std::vector<char>& bytes) {
+  if (env.world_size == 1) return;
+  const rendezvous_method method = resolve_method(options.method, GPUMEM_NCCL_TCPSTORE != 0);
+  if (method == rendezvous_method::tcp_store) {
+#if GPUMEM_NCCL_TCPSTORE
+    const auto deadline = rendezvous_clock::now() + options.timeout;
+    const bool server = env.rank == 0 && !elastic.agent_store;
+    const c10::intrusive_ptr<c10d::Store> store =
+        open_tcp_store(env.master_addr, env.master_port, env.rank, server, deadline);
+    store_exchange(*store, store_key_prefix(elastic, sequence), env.rank, env.world_size, bytes,
+                   deadline, options.timeout,
+                   env.master_addr + ":" + std::to_string(env.master_port));
+    return;
+#else
+    (void)sequence;  // numbers only the store's keys
+    throw std::invalid_argument(
+        "gpumem::nccl: the tcp_store rendezvous needs c10d's TCPStore, which this build left out "
+        "(GPUMEM_NCCL_TCPSTORE=0): use the tcp rendezvous");
+#endif
+  }
+  exchange(env.rank, env.world_size, env.master_addr, resolve_tcp_port(options.tcp_port), bytes,
+           options.timeout, resolve_tcp_token(options.tcp_token, elastic));
+}
+}  // namespace detail
+
 /// Averages buckets across ranks with NCCL; see the top of the file.
 class nccl_communicator final : public train::communicator {
  public:
-  /// Under torchrun: selects GPU LOCAL_RANK, exchanges NCCL's unique id from rank 0 over TCP on
-  /// MASTER_ADDR:(MASTER_PORT + port_offset) — MASTER_PORT itself is c10d's store — and creates
-  /// the communicator. Throws std::invalid_argument, std::runtime_error (rendezvous), nccl_error.
-  static nccl_communicator from_environment(
-      int port_offset = 1, std::chrono::milliseconds timeout = std::chrono::minutes(5)) {
+  /// Under torchrun (or with its variables set): selects GPU LOCAL_RANK, hands NCCL's unique id
+  /// from rank 0 to every rank as `options` say (by default through c10d's TCPStore at
+  /// MASTER_ADDR:MASTER_PORT; see rendezvous.hpp) and creates the communicator. Every rank calls
+  /// it the same number of times, in the same order, from one thread at a time (the calls are
+  /// numbered to keep their keys apart). Throws std::invalid_argument (environment, settings),
+  /// std::runtime_error (rendezvous: deadline, refused peer, store error), nccl_error.
+  static nccl_communicator from_environment(const rendezvous_options& options = {}) {
     const torchrun_environment env = torchrun_environment::read();
+    const detail::elastic_environment elastic = detail::elastic_environment::read();
     if (cudaSetDevice(env.local_rank) != cudaSuccess) {
       (void)cudaGetLastError();
       throw std::invalid_argument("gpumem::nccl: cannot select GPU LOCAL_RANK=" +
@@ -139,8 +203,8 @@ class nccl_communicator final : public train::communicator {
     if (env.rank == 0) detail::check(ncclGetUniqueId(&id), "ncclGetUniqueId");
     std::vector<char> bytes(sizeof id);
     std::memcpy(bytes.data(), &id, sizeof id);
-    detail::exchange(env.rank, env.world_size, env.master_addr, env.master_port + port_offset,
-                     bytes, timeout);
+    const std::uint64_t sequence = detail::next_rendezvous_sequence();
+    detail::share_unique_id(env, elastic, options, sequence, bytes);
     std::memcpy(&id, bytes.data(), sizeof id);
     ncclComm_t comm = nullptr;
     detail::check(ncclCommInitRank(&comm, env.world_size, id, env.rank), "ncclCommInitRank");
