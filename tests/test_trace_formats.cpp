@@ -355,6 +355,21 @@ TEST(RmmCsv, TimesThatWouldOverflowAreRefused) {
           "the time '1099511627776' is past 2^40 seconds once the clock's 1 passes over midnight");
 }
 
+TEST(RmmCsv, ClockGoingBackMoreThanADay) {
+  // Found by fuzz_rmm_csv: from 46:59:59.9 back to 00:00:00.1, midnight passed twice, not once
+  // (once left the second time 23 hours before the first, and the written log read back another).
+  const std::string log =
+      "Thread,Time,Action,Pointer,Size,Stream\n"
+      "1,46:59:59.9,allocate,0x10,8,0x0\n"
+      "1,00:00:00.1,free,0x10,9,0x0\n";
+  const allocation_trace t = gpumem::parse_rmm_csv(log);
+  ASSERT_EQ(t.events.size(), 2u);
+  EXPECT_EQ(t.events[1].time_us, std::int64_t{48} * 3600 * 1000000 + 100000);
+  std::ostringstream out;
+  gpumem::write_rmm_csv(out, t);
+  EXPECT_EQ(gpumem::parse_rmm_csv(out.str()), t) << out.str();
+}
+
 TEST(RmmCsv, ReadWriteReadKeepsTheTrace) {
   // Times past the first day (the clock passed midnight twice), a row without a time, a free of
   // another size than its allocation, and the out-of-memory row at the end.

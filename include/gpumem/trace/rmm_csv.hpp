@@ -125,15 +125,18 @@ inline allocation_trace parse_rmm_csv(std::string_view text) {
             line, fields[1],
             fmt::format("the time '{}' is not HH:MM:SS.ffffff (at most 2^40 seconds)", fields[1]));
       }
-      // Both are at most max_csv_time_us (far from overflowing), and so is their sum.
-      if (last_time >= 0 && time + day_offset + std::int64_t{43200} * 1000000 < last_time) {
-        day_offset += std::int64_t{86400} * 1000000;
-      }
+      // The clock went back by more than 12 hours: midnight passed, as many times as it takes to
+      // come within 12 hours of the last time (once, with RMM's times of day; more with hours past
+      // 23), so that every time read is at most 12 hours before the one above it and writing the
+      // times back in hours reads back the same. All terms are at most max_csv_time_us + a day.
+      const std::int64_t day = std::int64_t{86400} * 1000000;
+      const std::int64_t behind = last_time - (time + day_offset + std::int64_t{43200} * 1000000);
+      if (last_time >= 0 && behind > 0) day_offset += (behind + day - 1) / day * day;
       if (time > detail::max_csv_time_us - day_offset) {
         p.fail(line, fields[1],
                fmt::format("the time '{}' is past 2^40 seconds once the clock's {} passes over "
                            "midnight are counted",
-                           fields[1], day_offset / (std::int64_t{86400} * 1000000)));
+                           fields[1], day_offset / day));
       }
       time += day_offset;
       last_time = time;
