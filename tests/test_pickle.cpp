@@ -6,11 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -367,14 +367,15 @@ TEST(Unpickle, NestingIsBounded) {
   expect_error(p4 + std::string(1000000, '\x28') + b({0x4e, 0x2e}), "unclosed MARK");
 }
 
-// The best timings of `small` and of `large`, in seconds, over `runs` runs of each taken in turn
-// (the best, so that a loaded machine adds no noise; in turn, so that both see the same load).
+// The best processor times of `small` and of `large`, in seconds, over `runs` runs of each taken
+// in turn: processor time, and the best, so that other work on a loaded machine adds little; in
+// turn, so that both see the same load.
 template <class F, class G>
 std::pair<double, double> best_seconds(int runs, F&& small, G&& large) {
   const auto seconds = [](auto&& f) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const std::clock_t t0 = std::clock();
     f();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return static_cast<double>(std::clock() - t0) / CLOCKS_PER_SEC;
   };
   std::pair<double, double> best{1e30, 1e30};
   for (int i = 0; i < runs; ++i) {
@@ -387,8 +388,8 @@ std::pair<double, double> best_seconds(int runs, F&& small, G&& large) {
 TEST(Unpickle, LongListsReadInLinearTime) {
   // Reading 4x the items may take about 4x the time, not 16x: reserving the exact size at each
   // APPENDS batch (Python writes 1000 items a batch) or APPEND copied the whole list. Both sizes
-  // are past the caches, so that memory costs the same per item; the bound is 6x, not 5x, as the
-  // page faults of the larger list make it up to 5.5x on a loaded machine.
+  // are past the caches, so that memory costs the same per item; the bound is 6x, as the page
+  // faults of the larger list made it up to 5.2x on a loaded machine.
   const std::size_t n = 2000000;
   const auto batched = [](std::size_t items) {
     return pickle_dumps(pickle_value::make_list(seq(items)));

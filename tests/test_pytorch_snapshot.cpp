@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -824,22 +825,28 @@ TEST(Malformed, NegativeTimeIsRefused) {
             1u);
 }
 
-// The best of `runs` timings of `f`, in seconds (the best, so that a loaded machine adds no noise).
-template <class F>
-double best_seconds(int runs, F&& f) {
-  double best = 1e30;
-  for (int i = 0; i < runs; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
+// The best processor times of `small` and of `large`, in seconds, over `runs` runs of each taken
+// in turn: processor time, and the best, so that other work on a loaded machine adds little; in
+// turn, so that both see the same load.
+template <class F, class G>
+std::pair<double, double> best_seconds(int runs, F&& small, G&& large) {
+  const auto seconds = [](auto&& f) {
+    const std::clock_t t0 = std::clock();
     f();
-    best = std::min(best,
-                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return static_cast<double>(std::clock() - t0) / CLOCKS_PER_SEC;
+  };
+  std::pair<double, double> best{1e30, 1e30};
+  for (int i = 0; i < runs; ++i) {
+    best.first = std::min(best.first, seconds(small));
+    best.second = std::min(best.second, seconds(large));
   }
   return best;
 }
 
 TEST(Scale, ReadingTimeGrowsWithTheEvents) {
   // n and 4n recorded events (alloc, free_requested, free_completed over 1000 addresses): 4x the
-  // events may take about 4x the time, not 16x (the events list grew by exact reserves).
+  // events may take about 4x the time, not 16x (the events list grew by exact reserves). The
+  // bound is 6x, as a loaded machine made it up to 4.7x.
   const auto make = [](std::size_t n) {
     seq events;
     events.reserve(n);
@@ -854,15 +861,17 @@ TEST(Scale, ReadingTimeGrowsWithTheEvents) {
   const std::size_t n = 150000;
   const std::string small = make(n);
   const std::string large = make(4 * n);
-  std::size_t events = 0;
-  const double t1 = best_seconds(3, [&] { events = read_bytes(small).events.size(); });
-  EXPECT_EQ(events, n);
-  const double t4 = best_seconds(3, [&] { events = read_bytes(large).events.size(); });
-  EXPECT_EQ(events, 4 * n);
+  std::size_t small_events = 0;
+  std::size_t large_events = 0;
+  const auto [t1, t4] = best_seconds(
+      3, [&] { small_events = read_bytes(small).events.size(); },
+      [&] { large_events = read_bytes(large).events.size(); });
+  EXPECT_EQ(small_events, n);
+  EXPECT_EQ(large_events, 4 * n);
   std::cout << n << " events (" << small.size() / 1000 << " kB): " << t1 * 1e3 << " ms; " << 4 * n
             << " events (" << large.size() / 1000 << " kB): " << t4 * 1e3 << " ms ("
             << static_cast<double>(large.size()) / 1e6 / t4 << " MB/s)\n";
-  EXPECT_LT(t4, 5 * t1) << "reading time grows faster than the number of events";
+  EXPECT_LT(t4, 6 * t1) << "reading time grows faster than the number of events";
 }
 
 TEST(Malformed, BytesAndFiles) {
