@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -762,6 +763,115 @@ TEST(Malformed, EventsSayWhichEvent) {
   expect_refused(snapshot(one_segment, {pickle_value::make_dict(dict{{"action", "alloc"}})}),
                  {"event 0", "no 'addr'"});
   expect_refused(snapshot(one_segment, {pickle_value::make_list()}), {"event 0", "not a dict"});
+}
+
+// Pickle opcodes, for snapshots that pickle_dumps would not write (shared through the memo).
+std::string op(std::initializer_list<int> bytes) {
+  std::string s;
+  for (int x : bytes) s += static_cast<char>(x);
+  return s;
+}
+std::string str_op(const std::string& s) {  // SHORT_BINUNICODE
+  return op({0x8c, static_cast<int>(s.size())}) + s;
+}
+
+TEST(Malformed, ContainersSharedThroughTheMemo) {
+  // The same marker event twice (the first is refused: it is shared): walking shared events
+  // again and again would take time quadratic in the input.
+  const std::string marker = op({0x7d}) + str_op("action") + str_op("snapshot") + op({0x73});
+  const std::string events_shared = op({0x80, 4, 0x7d, 0x28}) + str_op("segments") + op({0x5d}) +
+                                    str_op("device_traces") + op({0x5d, 0x5d, 0x28}) + marker +
+                                    op({0x94, 0x68, 0, 0x65, 0x61, 0x75, 0x2e});
+  ASSERT_NO_THROW(gpumem::detail::unpickle(events_shared));
+  try {
+    read_bytes(events_shared);
+    ADD_FAILURE() << "not refused";
+  } catch (const trace_error& e) {
+    EXPECT_NE(std::string(e.what()).find("event 0: this dict is also elsewhere"), std::string::npos)
+        << e.what();
+    EXPECT_EQ(e.offset(), 0u);
+  }
+  // Two segments with one list of blocks.
+  const std::string blocks = op({0x5d}) + op({0x7d, 0x28}) + str_op("size") + op({0x4b, 8}) +
+                             str_op("state") + str_op("inactive") + op({0x75, 0x61});
+  const auto seg = [](int address, const std::string& blocks_op) {
+    return op({0x7d, 0x28}) + str_op("address") + op({0x4b, address}) + str_op("total_size") +
+           op({0x4b, 8}) + str_op("blocks") + blocks_op + op({0x75});
+  };
+  const std::string blocks_shared = op({0x80, 4, 0x7d}) + str_op("segments") + op({0x5d, 0x28}) +
+                                    seg(16, blocks + op({0x94})) + seg(32, op({0x68, 0})) +
+                                    op({0x65, 0x73, 0x2e});
+  try {
+    read_bytes(blocks_shared);
+    ADD_FAILURE() << "not refused";
+  } catch (const trace_error& e) {
+    EXPECT_NE(std::string(e.what()).find("segment 0 (byte"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("this list is also elsewhere"), std::string::npos)
+        << e.what();
+  }
+  // Without the sharing, the same snapshot reads.
+  const std::string blocks_apart = op({0x80, 4, 0x7d}) + str_op("segments") + op({0x5d, 0x28}) +
+                                   seg(16, blocks) + seg(32, blocks) + op({0x65, 0x73, 0x2e});
+  EXPECT_EQ(read_bytes(blocks_apart).recorded_initial_reserved, std::optional<std::uint64_t>(16));
+}
+
+TEST(Malformed, NegativeTimeIsRefused) {
+  // No reader or writer of the other formats can carry a negative time.
+  const seq one_segment{segment(seg_addr, mib2, {block(seg_addr, mib2, 0, "inactive")})};
+  EXPECT_EQ(expect_refused(snapshot(one_segment, {event("alloc", seg_addr, 8, 5),
+                                                  event("free_requested", seg_addr, 8, -3),
+                                                  event("free_completed", seg_addr, 8, 7)}),
+                           {"event 1", "'time_us' is negative (-3)"}),
+            1u);
+}
+
+// The best processor times of `small` and of `large`, in seconds, over `runs` runs of each taken
+// in turn: processor time, and the best, so that other work on a loaded machine adds little; in
+// turn, so that both see the same load.
+template <class F, class G>
+std::pair<double, double> best_seconds(int runs, F&& small, G&& large) {
+  const auto seconds = [](auto&& f) {
+    const std::clock_t t0 = std::clock();
+    f();
+    return static_cast<double>(std::clock() - t0) / CLOCKS_PER_SEC;
+  };
+  std::pair<double, double> best{1e30, 1e30};
+  for (int i = 0; i < runs; ++i) {
+    best.first = std::min(best.first, seconds(small));
+    best.second = std::min(best.second, seconds(large));
+  }
+  return best;
+}
+
+TEST(Scale, ReadingTimeGrowsWithTheEvents) {
+  // n and 4n recorded events (alloc, free_requested, free_completed over 1000 addresses): 4x the
+  // events may take about 4x the time, not 16x (the events list grew by exact reserves). The
+  // bound is 6x, as a loaded machine made it up to 4.7x.
+  const auto make = [](std::size_t n) {
+    seq events;
+    events.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      static const char* const actions[] = {"alloc", "free_requested", "free_completed"};
+      const auto address = seg_addr + static_cast<std::int64_t>((i / 3) % 1000) * 512;
+      events.push_back(event(actions[i % 3], address, 512, static_cast<std::int64_t>(i)));
+    }
+    return gpumem::detail::pickle_dumps(snapshot(
+        {segment(seg_addr, mib2, {block(seg_addr, mib2, 0, "inactive")})}, std::move(events)));
+  };
+  const std::size_t n = 150000;
+  const std::string small = make(n);
+  const std::string large = make(4 * n);
+  std::size_t small_events = 0;
+  std::size_t large_events = 0;
+  const auto [t1, t4] = best_seconds(
+      3, [&] { small_events = read_bytes(small).events.size(); },
+      [&] { large_events = read_bytes(large).events.size(); });
+  EXPECT_EQ(small_events, n);
+  EXPECT_EQ(large_events, 4 * n);
+  std::cout << n << " events (" << small.size() / 1000 << " kB): " << t1 * 1e3 << " ms; " << 4 * n
+            << " events (" << large.size() / 1000 << " kB): " << t4 * 1e3 << " ms ("
+            << static_cast<double>(large.size()) / 1e6 / t4 << " MB/s)\n";
+  EXPECT_LT(t4, 6 * t1) << "reading time grows faster than the number of events";
 }
 
 TEST(Malformed, BytesAndFiles) {

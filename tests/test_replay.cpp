@@ -110,6 +110,37 @@ TEST(CompileTrace, RejectsAnInvalidTraceWithTheEventIndex) {
   }
 }
 
+TEST(CompileTrace, RefusesTotalsPastTwoToTheSixtyFour) {
+  // Two live blocks of 2^63 bytes: the peak used to wrap to 0.
+  const std::uint64_t half = std::uint64_t{1} << 63;
+  const auto refused_at = [](const allocation_trace& t) -> std::size_t {
+    try {
+      const gpumem::compiled_trace c = gpumem::compile_trace(t);
+      ADD_FAILURE() << "compiled; peak requested " << c.peak_requested;
+    } catch (const gpumem::trace_error& e) {
+      EXPECT_NE(std::string(e.what()).find("pass 2^64"), std::string::npos) << e.what();
+      return e.offset();
+    }
+    return 0;
+  };
+  EXPECT_EQ(refused_at(events({{K::alloc, 0xa, half - 1, 0, -1},
+                               {K::alloc, 0xb, 1, 0, -1},
+                               {K::free_requested, 0xb, 1, 0, -1},
+                               {K::alloc, 0xc, half, 0, -1},
+                               {K::alloc, 0xd, 1, 0, -1}})),
+            4u);
+  allocation_trace segments = events({{K::segment_alloc, 0x0, half, 0, -1},
+                                      {K::segment_free, 0x0, 1, 0, -1},
+                                      {K::segment_alloc, 0x0, half, 0, -1}});
+  segments.recorded_initial_reserved = 1;
+  EXPECT_EQ(refused_at(segments), 2u);
+  // Up to 2^64 - 1 is fine.
+  const gpumem::compiled_trace c = gpumem::compile_trace(
+      events({{K::alloc, 0xa, half - 1, 0, -1}, {K::alloc, 0xb, half, 0, -1}}));
+  EXPECT_EQ(c.peak_requested, UINT64_MAX);
+  EXPECT_EQ(c.peak_requested_event, 1u);
+}
+
 // A step replayed on an allocator the caller keeps: the trace's completed frees are the ones
 // replayed (so 0x2000 and 0x3000, only free_requested, stay live until the end of the step: the
 // peak is 20 + 50 + 5 MiB, not 70), and whatever is live at the end is freed, step after step.
@@ -294,6 +325,18 @@ TEST(FindMinDeviceMemory, FindsTheSizeByConstruction) {
   EXPECT_LE(*min_stitch, 72 * MiB);
   // Nothing completes below what is requested at once.
   EXPECT_FALSE(gpumem::find_min_device_memory(survivor, options_for("policy:stitch", 0), 60 * MiB));
+}
+
+TEST(FindMinDeviceMemory, APeakAboveTheLimitProbesNothing) {
+  // Rounding a peak near 2^64 up to the resolution wrapped to 0: the search probed tiny devices.
+  std::size_t probes = 0;
+  const auto found = gpumem::search_min_device_memory(UINT64_MAX - 5, std::size_t{1} << 40,
+                                                      std::size_t{1} << 20, [&](std::size_t) {
+                                                        ++probes;
+                                                        return false;
+                                                      });
+  EXPECT_FALSE(found);
+  EXPECT_EQ(probes, 0u);
 }
 
 TEST(Recorder, RecordsWhatTheProgramAsked) {

@@ -1,10 +1,16 @@
 // The trace event model, the native text format and RMM's CSV log: parsing, writing, round trips,
 // and the errors bad input gets.
+#include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <istream>
 #include <random>
 #include <sstream>
+#include <streambuf>
 #include <string>
+#include <system_error>
 
 #include <gtest/gtest.h>
 
@@ -12,6 +18,7 @@
 #include "gpumem/trace/event.hpp"
 #include "gpumem/trace/native_format.hpp"
 #include "gpumem/trace/rmm_csv.hpp"
+#include "gpumem/trace/trace_io.hpp"
 
 namespace {
 
@@ -261,6 +268,276 @@ TEST(RmmCsv, BadRowsCarryTheByteOffset) {
   EXPECT_EQ(offset_of("Thread,When,Action\n"), 0u);
   EXPECT_EQ(offset_of(head + "1,00:00:01.0,free,0x10,8,0x0\n", &message), 0u);  // event 0
   EXPECT_NE(message.find("event 0"), std::string::npos) << message;
+}
+
+TEST(NativeFormat, HeaderTextRoundTripsForEveryByte) {
+  // What the reader accepts in header text, the writer writes back as it was; the rest (control
+  // characters: '\r' used to be read into the value and cut by the writer) is refused.
+  for (int c = 0; c < 256; ++c) {
+    if (c == '\n') continue;  // ends the line
+    SCOPED_TRACE(c);
+    const std::string value = std::string("abc") + static_cast<char>(c) + "def";
+    const std::string text = "gpumem-trace 1\n@source " + value + "\nalloc 0x10 8 0\n";
+    allocation_trace t;
+    try {
+      t = gpumem::parse_native_trace(text);
+    } catch (const trace_error& e) {
+      EXPECT_TRUE(c < 0x20 || c == 0x7f) << e.what();
+      EXPECT_EQ(e.offset(), 15u + 8 + 3);  // the control character itself
+      EXPECT_NE(std::string(e.what()).find("control character"), std::string::npos) << e.what();
+      continue;
+    }
+    EXPECT_EQ(t.source, value);
+    EXPECT_EQ(gpumem::parse_native_trace(to_native(t)), t);
+  }
+  // A trace built in code: each control character becomes a space, on one line.
+  allocation_trace built = sample_trace();
+  built.source = "  one\r\ntwo\x01three\t";
+  built.recorded_config = "a\nb";
+  const allocation_trace back = gpumem::parse_native_trace(to_native(built));
+  EXPECT_EQ(back.source, "one  two three");
+  EXPECT_EQ(back.recorded_config, "a b");
+  EXPECT_EQ(back.events, built.events);
+}
+
+TEST(NativeFormat, ByteOrderMarkIsSkipped) {
+  const std::string bom = "\xef\xbb\xbf";
+  const allocation_trace t = sample_trace();
+  EXPECT_EQ(gpumem::parse_native_trace(bom + to_native(t)), t);
+  // Offsets still count the mark: they are the file's.
+  EXPECT_EQ(error_offset(bom + "gpumem-trace 1\nmalloc 0x10 8 0\n"), 18u);
+  EXPECT_EQ(error_offset(bom + bom + "gpumem-trace 1\n"), 3u);  // one mark only
+}
+
+TEST(RmmCsv, ByteOrderMarkIsSkipped) {
+  const std::string log =
+      "\xef\xbb\xbfThread,Time,Action,Pointer,Size,Stream\r\n"
+      "1,00:00:01.000000,allocate,0x10,8,0x0\r\n";
+  const allocation_trace t = gpumem::parse_rmm_csv(log);
+  ASSERT_EQ(t.events.size(), 1u);
+  EXPECT_EQ(t.events[0], (trace_event{K::alloc, 0x10, 8, 0, 1000000}));
+}
+
+TEST(RmmCsv, ErrorsNameTheirFormat) {
+  try {
+    gpumem::parse_rmm_csv("Thread,Time,Action,Pointer,Size,Stream\n1,00:00:01.0,alloc,0x10,8,0\n");
+    ADD_FAILURE() << "not refused";
+  } catch (const trace_error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("RMM memory event log: line 2, column 14", 0), 0u)
+        << e.what();
+  }
+}
+
+TEST(RmmCsv, TimesThatWouldOverflowAreRefused) {
+  const std::string head = "Thread,Time,Action,Pointer,Size,Stream\n";
+  const auto refused = [&](const std::string& rows, const std::string& fragment) {
+    try {
+      const allocation_trace t = gpumem::parse_rmm_csv(head + rows);
+      ADD_FAILURE() << "read, first time " << (t.events.empty() ? 0 : t.events[0].time_us);
+    } catch (const trace_error& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+      return e.offset();
+    }
+    return std::size_t{0};
+  };
+  // Hours of 10+ digits overflowed 64 bits (undefined behaviour) into negative times.
+  EXPECT_EQ(refused("1,9999999999999:00:00.000000,allocate,0x10,8,0x0\n", "line 2, column 3"),
+            head.size() + 2);
+  refused("1,3074457345618258:00:00.0,allocate,0x10,8,0x0\n", "not HH:MM:SS");
+  refused("1,1099511627777,allocate,0x10,8,0x0\n", "at most 2^40 seconds");
+  // 2^40 s is the latest time, passes over midnight included.
+  const std::string latest = "1,1099511627776.999999,allocate,0x10,8,0x0\n";
+  EXPECT_EQ(gpumem::parse_rmm_csv(head + latest).events[0].time_us,
+            gpumem::detail::max_csv_time_us);
+  refused(latest + "1,1099511500000,free,0x10,8,0x0\n1,1099511627776,allocate,0x20,8,0x0\n",
+          "line 4, column 3");
+  refused(latest + "1,1099511500000,free,0x10,8,0x0\n1,1099511627776,allocate,0x20,8,0x0\n",
+          "the time '1099511627776' is past 2^40 seconds once the clock's 1 passes over midnight");
+}
+
+TEST(RmmCsv, ClockGoingBackMoreThanADay) {
+  // Found by fuzz_rmm_csv: from 46:59:59.9 back to 00:00:00.1, midnight passed twice, not once
+  // (once left the second time 23 hours before the first, and the written log read back another).
+  const std::string log =
+      "Thread,Time,Action,Pointer,Size,Stream\n"
+      "1,46:59:59.9,allocate,0x10,8,0x0\n"
+      "1,00:00:00.1,free,0x10,9,0x0\n";
+  const allocation_trace t = gpumem::parse_rmm_csv(log);
+  ASSERT_EQ(t.events.size(), 2u);
+  EXPECT_EQ(t.events[1].time_us, std::int64_t{48} * 3600 * 1000000 + 100000);
+  std::ostringstream out;
+  gpumem::write_rmm_csv(out, t);
+  EXPECT_EQ(gpumem::parse_rmm_csv(out.str()), t) << out.str();
+}
+
+TEST(RmmCsv, ReadWriteReadKeepsTheTrace) {
+  // Times past the first day (the clock passed midnight twice), a row without a time, a free of
+  // another size than its allocation, and the out-of-memory row at the end.
+  const std::string log =
+      "Thread,Time,Action,Pointer,Size,Stream\n"
+      "1,23:00:00.000001,allocate,0x10,8,0x0\n"
+      "1,01:00:00.5,allocate,0x20,16,0x7\n"
+      "1,,free,0x10,4,0x0\n"
+      "1,23:59:59.999999,free,0x20,16,0x7\n"
+      "1,00:00:00.000000,allocate,0x10,8,0x0\n"
+      "1,13:00:00.000000,allocate failure,(nil),99,0x0\n";
+  const allocation_trace t = gpumem::parse_rmm_csv(log);
+  ASSERT_EQ(t.events.size(), 5u);
+  const std::int64_t day = std::int64_t{86400} * 1000000;
+  EXPECT_EQ(t.events[1].time_us, day + 3600 * std::int64_t{1000000} + 500000);
+  EXPECT_EQ(t.events[2].time_us, gpumem::no_time);
+  EXPECT_EQ(t.events[4].time_us, 2 * day);
+  std::ostringstream out;
+  gpumem::write_rmm_csv(out, t);
+  EXPECT_NE(out.str().find("1,48:00:00.000000,allocate,0x10,8,0x0\n"), std::string::npos)
+      << out.str();
+  EXPECT_EQ(gpumem::parse_rmm_csv(out.str()), t) << out.str();
+  // A time no reader could take back is refused by the writer.
+  allocation_trace negative = t;
+  negative.events[3].time_us = -5;
+  std::ostringstream ignored;
+  EXPECT_THROW(gpumem::write_rmm_csv(ignored, negative), trace_error);
+}
+
+// An endless stream: `head`, then `fill` bytes forever; counts the bytes it hands out.
+class endless_buf : public std::streambuf {
+ public:
+  endless_buf(std::string head, char fill) : head_(std::move(head)), chunk_(1 << 16, fill) {}
+  std::uint64_t served() const { return served_; }
+
+ protected:
+  int_type underflow() override {
+    std::string& next = head_done_ || head_.empty() ? chunk_ : head_;
+    head_done_ = true;
+    setg(next.data(), next.data(), next.data() + next.size());
+    served_ += next.size();
+    return traits_type::to_int_type(*gptr());
+  }
+
+ private:
+  std::string head_;
+  std::string chunk_;
+  std::uint64_t served_ = 0;
+  bool head_done_ = false;
+};
+
+std::string write_file(const std::string& name, const std::string& bytes) {
+  const std::string path = ::testing::TempDir() + name;
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+// Runs `read` and returns the message of the exception of type E it throws ("" if none).
+template <class E, class F>
+std::string message_of(F&& read) {
+  try {
+    read();
+  } catch (const E& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no exception of the expected type";
+  return "";
+}
+
+bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.rfind(prefix, 0) == 0;
+}
+
+TEST(TraceIo, UnknownInputIsRefusedAfterItsFirstBytes) {
+  endless_buf zeros("", '\0');
+  std::istream in(&zeros);
+  const std::string message = message_of<trace_error>([&] { gpumem::read_trace(in, "zeros"); });
+  EXPECT_TRUE(starts_with(message, "zeros: not a trace gpumem can read")) << message;
+  EXPECT_LE(zeros.served(), std::uint64_t{1} << 16);
+  // /dev/zero never ends: it used to be read until memory ran out (std::bad_alloc).
+  if (std::filesystem::exists("/dev/zero")) {
+    const std::string dev = message_of<trace_error>([] { gpumem::read_trace("/dev/zero"); });
+    EXPECT_TRUE(starts_with(dev, "/dev/zero: not a trace gpumem can read")) << dev;
+  }
+}
+
+TEST(TraceIo, InputPastTheLimitIsRefused) {
+  // A trace that never ends is read up to the limit only.
+  endless_buf comments("gpumem-trace 1\n", '\n');
+  std::istream in(&comments);
+  const std::uint64_t limit = std::uint64_t{1} << 20;
+  const std::string message = message_of<trace_error>(
+      [&] { gpumem::detail::read_trace_bytes(in, "endless", std::nullopt, 0, limit); });
+  EXPECT_TRUE(starts_with(message, "endless: 1048577 bytes or more, larger than the 1 MiB"))
+      << message;
+  EXPECT_LE(comments.served(), limit + (1 << 16) + 256);
+  // A regular file says its size before it is read.
+  const std::string path =
+      write_file("gpumem_long.trace", "gpumem-trace 1\n" + std::string(5000, '\n'));
+  const std::string file = message_of<trace_error>(
+      [&] { gpumem::detail::read_trace_file(path, gpumem::trace_format::native, 4096); });
+  EXPECT_TRUE(starts_with(file, path + ": 5015 bytes or more, larger than the 4096 bytes")) << file;
+  EXPECT_EQ(gpumem::detail::read_trace_file(path, gpumem::trace_format::native, 5015).size(),
+            5015u);
+  std::remove(path.c_str());
+  EXPECT_EQ(gpumem::max_trace_bytes, std::uint64_t{8} << 30);
+}
+
+TEST(TraceIo, DirectoriesEmptyAndMissingFilesNameThePath) {
+  std::string dir = ::testing::TempDir();
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const auto is_a_directory = [&](auto&& read) {
+    const std::string message = message_of<std::system_error>(read);
+    EXPECT_TRUE(starts_with(message, dir + ": ")) << message;
+    EXPECT_NE(message.find("directory"), std::string::npos) << message;
+  };
+  is_a_directory([&] { gpumem::read_trace(dir); });
+  is_a_directory([&] { gpumem::read_native_trace(dir); });
+  is_a_directory([&] { gpumem::read_rmm_csv(dir); });
+  is_a_directory([&] { gpumem::read_pytorch_snapshot(dir); });
+
+  const std::string empty = write_file("gpumem_empty.trace", "");
+  const std::string message = message_of<trace_error>([&] { gpumem::read_trace(empty); });
+  EXPECT_TRUE(starts_with(message, empty + ": the file is empty (expected a gpumem trace"))
+      << message;
+  EXPECT_TRUE(starts_with(message_of<trace_error>([&] { gpumem::read_native_trace(empty); }),
+                          empty + ": the file is empty (expected gpumem trace)"));
+  std::remove(empty.c_str());
+  EXPECT_TRUE(
+      starts_with(message_of<trace_error>([] { gpumem::parse_trace(""); }), "the input is empty"));
+
+  const std::string missing = dir + "/gpumem_no_such.trace";
+  EXPECT_NE(message_of<std::system_error>([&] { gpumem::read_trace(missing); }).find(missing),
+            std::string::npos);
+}
+
+TEST(TraceIo, ErrorsNameTheFileAndTheFormat) {
+  const std::string native =
+      write_file("gpumem_bad.trace", "gpumem-trace 1\nalloc 0x10 8 0\nmalloc 0x10 8 0\n");
+  EXPECT_TRUE(starts_with(message_of<trace_error>([&] { gpumem::read_trace(native); }),
+                          native + ": gpumem trace: line 3, column 1"));
+  EXPECT_TRUE(starts_with(message_of<trace_error>([&] { gpumem::read_native_trace(native); }),
+                          native + ": gpumem trace: line 3, column 1"));
+  // A reader of one format refuses another at once.
+  EXPECT_TRUE(starts_with(message_of<trace_error>([&] { gpumem::read_rmm_csv(native); }),
+                          native + ": not an RMM memory event log"));
+  EXPECT_TRUE(starts_with(message_of<trace_error>([&] { gpumem::read_pytorch_snapshot(native); }),
+                          native + ": not a PyTorch memory snapshot"));
+  std::remove(native.c_str());
+  const std::string csv =
+      write_file("gpumem_bad.csv", "Thread,Time,Action,Pointer,Size,Stream\n1,,alloc,0x10,8,0x0\n");
+  EXPECT_TRUE(starts_with(message_of<trace_error>([&] { gpumem::read_trace(csv); }),
+                          csv + ": RMM memory event log: line 2, column 4"));
+  std::remove(csv.c_str());
+}
+
+TEST(TraceIo, ReadsEveryFormatFromAStream) {
+  const allocation_trace t = sample_trace();
+  std::ostringstream csv;
+  gpumem::write_rmm_csv(csv, t);
+  for (const std::string& bytes :
+       {to_native(t), "\xef\xbb\xbf" + to_native(t), csv.str(), "\xef\xbb\xbf" + csv.str()}) {
+    std::istringstream in(bytes);
+    EXPECT_EQ(gpumem::read_trace(in, "-"), gpumem::parse_trace(bytes));
+  }
+  std::istringstream bad("gpumem-trace 1\nfree_requested 0x10 8 0\n");
+  EXPECT_TRUE(starts_with(message_of<trace_error>([&] { gpumem::read_trace(bad, "-"); }),
+                          "-: trace: event 0"));
 }
 
 TEST(NativeFormat, EveryBundledTraceReadsAndRoundTrips) {

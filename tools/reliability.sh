@@ -5,7 +5,8 @@
 #   2. the concurrency stress test (threads x streams x sizes, record_stream, empty_cache, the
 #      pinned pool) built with ThreadSanitizer and run;
 #   3. the five libFuzzer targets (clang; ASan + UBSan), corpora seeded from the bundled traces,
-#      each run for GPUMEM_FUZZ_SECONDS (default 60);
+#      each run for GPUMEM_FUZZ_SECONDS (default 60); the trace parsers get inputs up to 4 MiB and
+#      10 s each, so that a hang or a quadratic slowdown is a finding;
 #   4. a table of the figures, also written to ${OUT:-build-reliability}/reliability.md.
 #
 #   bash tools/reliability.sh          (GPUMEM_FUZZ_SECONDS=10 GPUMEM_STRESS_OPS=20000 to size it)
@@ -86,23 +87,28 @@ if CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebIn
     "$replay" "$seed" --convert "$corpus/rmm_csv/seed.csv" >/dev/null 2>&1 || true
     "$replay" "$seed" --export-snapshot "$corpus/pytorch_snapshot/seed.pickle" >/dev/null 2>&1 || true
   fi
+  [ -d ../shared/traces ] && cp ../shared/traces/*.pickle "$corpus/pytorch_snapshot/" 2>/dev/null
   head -c 3000 /dev/urandom >"$corpus/allocator_ops/random"
   for name in config native_trace rmm_csv pytorch_snapshot allocator_ops; do
     log=$out/fuzz_$name.log
-    max_len=65536
-    [ "$name" = allocator_ops ] && max_len=3000  # up to 1,000 operations, each followed by a full check
-    if build-fuzz/tests/fuzz/fuzz_$name "$corpus/$name" -max_total_time="$fuzz_seconds" -max_len=$max_len \
-      -print_final_stats=1 >"$log" 2>&1; then
+    limits=(-max_len=65536 -timeout=10)
+    case $name in
+      native_trace | rmm_csv | pytorch_snapshot) limits=(-max_len=4194304 -timeout=10) ;;
+      allocator_ops) limits=(-max_len=3000 -timeout=10) ;; # up to 1,000 operations, each checked
+    esac
+    if build-fuzz/tests/fuzz/fuzz_$name "$corpus/$name" -max_total_time="$fuzz_seconds" "${limits[@]}" \
+      -artifact_prefix="$out/fuzz_$name-" -print_final_stats=1 >"$log" 2>&1; then
       runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
-      fuzz_rows+=("| fuzz_$name | ${runs:-?} | clean |")
+      rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
+      fuzz_rows+=("| fuzz_$name | ${runs:-?} | ${rate:-?} | clean |")
     else
-      fuzz_rows+=("| fuzz_$name | - | FINDING (see $log) |")
+      fuzz_rows+=("| fuzz_$name | - | - | FINDING (see $log and $out/fuzz_$name-*) |")
       status=1
     fi
   done
 else
   status=1
-  fuzz_rows+=("| (fuzzers) | - | build failed (see $out/fuzz-build.log) |")
+  fuzz_rows+=("| (fuzzers) | - | - | build failed (see $out/fuzz-build.log) |")
 fi
 
 # 4. Figures
@@ -114,8 +120,8 @@ fault_tests=$(grep -cE "Test +#[0-9]+: (FaultInjection|SimulatedFaults|CudaSimFa
   echo "| of which fault-injection tests (every call index of representative sequences, every policy, the pinned pool) | $fault_tests, all under ASan |"
   echo "| concurrency stress, TSan: $stress_ops_total operations on 4 threads (4 allocator configs + the pinned pool) | $tsan_result |"
   echo
-  echo "| fuzz target ($fuzz_seconds s, ASan + UBSan) | executions | result |"
-  echo "|---|---:|---|"
+  echo "| fuzz target ($fuzz_seconds s, ASan + UBSan) | executions | per second | result |"
+  echo "|---|---:|---:|---|"
   printf '%s\n' "${fuzz_rows[@]}"
   echo
   echo "Invariant violations: $([ $status = 0 ] && echo 0 || echo 'see the logs above') (the allocator checker runs after every fuzzed operation)."

@@ -5,35 +5,35 @@
 // file it does not understand instead of misreading it.
 #pragma once
 
-#include <cerrno>
 #include <charconv>
 #include <cstddef>
 #include <cstdint>
-#include <fstream>
 #include <iterator>
 #include <limits>
 #include <ostream>
 #include <sstream>
 #include <string>
 #include <string_view>
-#include <system_error>
 
 #include <fmt/format.h>
 
 #include "gpumem/error.hpp"
 #include "gpumem/trace/event.hpp"
+#include "gpumem/trace/trace_input.hpp"
 
 namespace gpumem {
 
-inline constexpr std::string_view native_trace_magic = "gpumem-trace";
 inline constexpr int native_trace_version = 1;
 
 namespace detail {
 
-/// A line-by-line reader over the whole text that knows each line's byte offset.
+/// A line-by-line reader over the whole text that knows each line's byte offset. A UTF-8 byte
+/// order mark at the start is skipped (offsets still count it). `format` names the format in
+/// error messages.
 class trace_text_parser {
  public:
-  explicit trace_text_parser(std::string_view text) : text_(text) {}
+  explicit trace_text_parser(std::string_view text, trace_format format = trace_format::native)
+      : text_(text), format_(format), pos_(text.size() - skip_utf8_bom(text).size()) {}
 
   bool next_line(std::string_view& line) {
     if (pos_ >= text_.size()) return false;
@@ -63,8 +63,8 @@ class trace_text_parser {
     const std::size_t column = at.data() != nullptr && at.data() >= line.data()
                                    ? static_cast<std::size_t>(at.data() - line.data())
                                    : 0;
-    throw trace_error(fmt::format("gpumem trace: line {}, column {} (byte {}): {}", line_number_,
-                                  column + 1, line_start_ + column, what),
+    throw trace_error(fmt::format("{}: line {}, column {} (byte {}): {}", to_string(format_),
+                                  line_number_, column + 1, line_start_ + column, what),
                       line_start_ + column);
   }
 
@@ -97,7 +97,8 @@ class trace_text_parser {
 
  private:
   std::string_view text_;
-  std::size_t pos_ = 0;
+  trace_format format_;
+  std::size_t pos_;
   std::size_t line_start_ = 0;
   std::size_t line_number_ = 0;
 };
@@ -108,13 +109,11 @@ inline std::string_view trim(std::string_view s) noexcept {
   return s;
 }
 
-inline std::string read_whole_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::system_error(errno, std::generic_category(), "cannot open '" + path + "'");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad())
-    throw std::system_error(errno, std::generic_category(), "cannot read '" + path + "'");
-  return text;
+/// Whether a byte of header text would not survive being written on one line and read back:
+/// control characters (tab excepted) and DEL.
+constexpr bool is_header_control(char c) noexcept {
+  const auto u = static_cast<unsigned char>(c);
+  return (u < 0x20 && c != '\t') || u == 0x7f;
 }
 
 }  // namespace detail
@@ -127,7 +126,7 @@ inline allocation_trace parse_native_trace(std::string_view text) {
   allocation_trace trace;
   std::string_view line;
   if (!p.next_line(line)) {
-    throw trace_error("gpumem trace: the file is empty (expected 'gpumem-trace 1')", 0);
+    throw trace_error("gpumem trace: the input is empty (expected 'gpumem-trace 1')", 0);
   }
   {
     std::string_view rest = line;
@@ -163,6 +162,14 @@ inline allocation_trace parse_native_trace(std::string_view text) {
       if (seen[k]) p.fail(line, kind, fmt::format("header key '{}' given twice", kind));
       seen[k] = true;
       const std::string_view value = detail::trim(rest);
+      // What the writer could not write back on one line is refused, not misread.
+      for (const char& c : value) {
+        if (detail::is_header_control(c)) {
+          p.fail(line, std::string_view(&c, 1),
+                 fmt::format("control character 0x{:02x} in the value of {}",
+                             static_cast<unsigned char>(c), kind));
+        }
+      }
       switch (k) {
         case 0:
           trace.source = std::string(value);
@@ -215,17 +222,27 @@ inline allocation_trace parse_native_trace(std::string_view text) {
   return trace;
 }
 
-/// Reads a native trace file. Throws std::system_error when it cannot be read, trace_error as
-/// parse_native_trace.
+/// Reads a native trace file (at most max_trace_bytes). Throws std::system_error when it cannot
+/// be read, trace_error as parse_native_trace; messages start with the path.
 inline allocation_trace read_native_trace(const std::string& path) {
-  return parse_native_trace(detail::read_whole_file(path));
+  const std::string text = detail::read_trace_file(path, trace_format::native);
+  try {
+    return parse_native_trace(text);
+  } catch (const trace_error& e) {
+    throw trace_error(fmt::format("{}: {}", path, e.what()), e.offset());
+  }
 }
 
-/// Writes `trace` in the native format, version 1. Free text in the header is written up to its
-/// first line break. Throws what the stream throws (if exceptions are enabled on it).
+/// Writes `trace` in the native format, version 1. In header text, each control character (line
+/// breaks included; tab excepted) is written as a space, and spaces and tabs around it are
+/// dropped, as a reader drops them. Throws what the stream throws (if exceptions are enabled).
 inline void write_native_trace(std::ostream& out, const allocation_trace& trace) {
   auto one_line = [](const std::string& s) {
-    return std::string_view(s).substr(0, s.find_first_of("\r\n"));
+    std::string line(s);
+    for (char& c : line) {
+      if (detail::is_header_control(c)) c = ' ';
+    }
+    return std::string(detail::trim(line));
   };
   fmt::memory_buffer buf;
   fmt::format_to(std::back_inserter(buf), "{} {}\n", native_trace_magic, native_trace_version);

@@ -20,15 +20,11 @@
 #pragma once
 
 #include <algorithm>
-#include <cerrno>
 #include <cstddef>
 #include <cstdint>
-#include <fstream>
-#include <ios>
 #include <istream>
 #include <limits>
 #include <ostream>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -44,6 +40,7 @@
 #include "gpumem/error.hpp"
 #include "gpumem/trace/detail/pickle.hpp"
 #include "gpumem/trace/event.hpp"
+#include "gpumem/trace/trace_input.hpp"
 
 namespace gpumem {
 
@@ -79,8 +76,19 @@ struct snapshot_place {
   throw trace_error(fmt::format("PyTorch snapshot: {}: {}", at.name(), what), at.offset());
 }
 
+// PyTorch writes each segment, block list, block and event as its own object. One that the memo
+// gives twice is refused: walking it again and again would cost time quadratic in the input.
+inline void snapshot_unshared(const pickle_value& v, const snapshot_place& at) {
+  if (v.shared()) {
+    snapshot_fail(at, fmt::format("this {} is also elsewhere in the snapshot (the pickle memo "
+                                  "gives it twice); a snapshot's are all distinct",
+                                  kind_name(v.type())));
+  }
+}
+
 inline const pickle_value& snapshot_dict(const pickle_value& v, const snapshot_place& at) {
   if (!v.is_dict()) snapshot_fail(at, fmt::format("a {}, not a dict", kind_name(v.type())));
+  snapshot_unshared(v, at);
   return v;
 }
 
@@ -178,6 +186,7 @@ inline allocation_trace pytorch_snapshot_trace(const pickle_value& root, int dev
     if (!blocks->is_list()) {
       snapshot_fail(at, fmt::format("'blocks' is a {}, not a list", kind_name(blocks->type())));
     }
+    snapshot_unshared(*blocks, at);
     std::uint64_t cursor =
         address;  // old snapshots give no block addresses: blocks tile the segment
     const auto& bl = blocks->as_list();
@@ -289,7 +298,10 @@ inline allocation_trace pytorch_snapshot_trace(const pickle_value& root, int dev
     ev.size = snapshot_unsigned(*size_v, "size", at);
     if (stream_v != nullptr)
       ev.stream = static_cast<std::uint64_t>(snapshot_int(*stream_v, "stream", at));
-    if (time_v != nullptr && !time_v->is_none()) ev.time_us = snapshot_int(*time_v, "time_us", at);
+    if (time_v != nullptr && !time_v->is_none()) {
+      ev.time_us = snapshot_int(*time_v, "time_us", at);
+      if (ev.time_us < 0) snapshot_fail(at, fmt::format("'time_us' is negative ({})", ev.time_us));
+    }
     if (ev.kind == trace_event_kind::alloc && ev.size == 0) {
       snapshot_fail(at, "an alloc of 0 bytes");
     }
@@ -521,45 +533,18 @@ inline allocation_trace read_pytorch_snapshot(const std::vector<char>& bytes, in
   return detail::read_pytorch_snapshot_bytes(std::string_view(bytes.data(), bytes.size()), device);
 }
 
-/// As above, from the rest of `in` (opened in binary mode). Throws std::system_error
-/// (std::io_errc::stream) when the stream fails.
+/// As above, from the rest of `in` (opened in binary mode), at most max_trace_bytes. Throws
+/// std::system_error (std::io_errc::stream) when the stream fails; input that does not start as
+/// a pickle is refused after its first bytes.
 inline allocation_trace read_pytorch_snapshot(std::istream& in, int device = 0) {
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) {
-    throw std::system_error(std::make_error_code(std::io_errc::stream),
-                            "cannot read the PyTorch snapshot from the stream");
-  }
-  const std::string bytes = buffer.str();
-  return detail::read_pytorch_snapshot_bytes(bytes, device);
+  return detail::read_pytorch_snapshot_bytes(
+      detail::read_trace_bytes(in, "", trace_format::pytorch_snapshot), device);
 }
 
 /// As above, from the file at `path`; trace_error messages start with the path. Throws
 /// std::system_error when the file cannot be opened or read (as the other trace readers do).
 inline allocation_trace read_pytorch_snapshot(const std::string& path, int device = 0) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw std::system_error(errno, std::generic_category(),
-                            fmt::format("cannot open the PyTorch snapshot '{}'", path));
-  }
-  std::string bytes;
-  in.seekg(0, std::ios::end);
-  const std::streamoff size = in.tellg();
-  if (size > 0) {
-    bytes.resize(static_cast<std::size_t>(size));
-    in.seekg(0, std::ios::beg);
-    in.read(bytes.data(), static_cast<std::streamsize>(size));
-  } else {
-    in.clear();
-    in.seekg(0, std::ios::beg);
-    std::ostringstream buffer;
-    buffer << in.rdbuf();
-    bytes = buffer.str();
-  }
-  if (in.bad() || (size > 0 && in.gcount() != static_cast<std::streamsize>(size))) {
-    throw std::system_error(errno, std::generic_category(),
-                            fmt::format("cannot read the PyTorch snapshot '{}'", path));
-  }
+  const std::string bytes = detail::read_trace_file(path, trace_format::pytorch_snapshot);
   try {
     return detail::read_pytorch_snapshot_bytes(bytes, device);
   } catch (const trace_error& e) {

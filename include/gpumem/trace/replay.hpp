@@ -60,7 +60,8 @@ struct compiled_trace {
   std::optional<std::size_t> recorded_oom_event;
 };
 
-/// Validates `trace` (validate_trace) and prepares it for replay. Throws trace_error.
+/// Validates `trace` (validate_trace) and prepares it for replay. Throws trace_error, also when
+/// the live requested bytes or the recorded reserved bytes would pass 2^64 (offset: the event).
 inline compiled_trace compile_trace(const allocation_trace& trace) {
   validate_trace(trace);
   using op_kind = compiled_trace::op_kind;
@@ -99,6 +100,10 @@ inline compiled_trace compile_trace(const allocation_trace& trace) {
         o.size = e.size;
         o.stream = stream_of(e.stream);
         live[e.address] = live_block{o.slot, e.size, not_released};  // a pending block is done
+        if (e.size > UINT64_MAX - requested) {
+          throw trace_error(fmt::format("trace: event {}: the live requested bytes pass 2^64", i),
+                            i);
+        }
         requested += e.size;
         if (requested > out.peak_requested) {
           out.peak_requested = requested;
@@ -131,6 +136,10 @@ inline compiled_trace compile_trace(const allocation_trace& trace) {
         break;
       case trace_event_kind::segment_alloc:
         ++out.recorded_segment_allocs;
+        if (e.size > UINT64_MAX - reserved.value_or(0)) {
+          throw trace_error(
+              fmt::format("trace: event {}: the recorded reserved bytes pass 2^64", i), i);
+        }
         reserved = reserved.value_or(0) + e.size;
         if (*reserved > recorded_peak) recorded_peak = *reserved;
         break;
@@ -330,6 +339,7 @@ inline std::optional<std::size_t> search_min_device_memory(
     std::uint64_t peak_requested, std::size_t limit, std::size_t resolution,
     const std::function<bool(std::size_t)>& completes) {
   auto align = [&](std::size_t v) { return (v + resolution - 1) / resolution * resolution; };
+  if (peak_requested > limit) return std::nullopt;  // before align, which wraps near 2^64
   std::size_t lo = align(static_cast<std::size_t>(peak_requested));
   if (lo == 0) lo = resolution;
   if (lo > limit) return std::nullopt;

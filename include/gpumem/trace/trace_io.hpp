@@ -1,10 +1,13 @@
 // gpumem — reading a trace in whichever format it is: gpumem's native text, RMM's CSV log, or a
-// PyTorch memory snapshot pickle, told apart by their first bytes.
+// PyTorch memory snapshot pickle, told apart by their first bytes (trace_input.hpp).
 #pragma once
 
+#include <istream>
+#include <new>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <system_error>
 
 #include <fmt/format.h>
 
@@ -13,49 +16,17 @@
 #include "gpumem/trace/native_format.hpp"
 #include "gpumem/trace/pytorch_snapshot.hpp"
 #include "gpumem/trace/rmm_csv.hpp"
+#include "gpumem/trace/trace_input.hpp"
 
 namespace gpumem {
 
-enum class trace_format { native, rmm_csv, pytorch_snapshot };
-
-constexpr std::string_view to_string(trace_format f) noexcept {
-  switch (f) {
-    case trace_format::native:
-      return "gpumem trace";
-    case trace_format::rmm_csv:
-      return "RMM memory event log";
-    case trace_format::pytorch_snapshot:
-      return "PyTorch memory snapshot";
-  }
-  return "unknown";
-}
-
-/// The format of a file that starts with `head`, or nothing. Never throws.
-inline std::optional<trace_format> detect_trace_format(std::string_view head) noexcept {
-  if (!head.empty() && static_cast<unsigned char>(head[0]) == 0x80) {
-    return trace_format::pytorch_snapshot;  // pickle protocol 2+: PROTO opcode
-  }
-  while (!head.empty() && (head.front() == ' ' || head.front() == '\n' || head.front() == '\r' ||
-                           head.front() == '\t')) {
-    head.remove_prefix(1);
-  }
-  if (head.substr(0, native_trace_magic.size()) == native_trace_magic) return trace_format::native;
-  if (head.substr(0, rmm_csv_header.size()) == rmm_csv_header) return trace_format::rmm_csv;
-  return std::nullopt;
-}
-
 /// Parses a trace held in memory, whatever its format. `snapshot_device` picks the device of a
-/// PyTorch snapshot. Throws trace_error (also when the format is not recognised).
+/// PyTorch snapshot. Throws trace_error (also when the input is empty or its format is not
+/// recognised).
 inline allocation_trace parse_trace(std::string_view bytes, int snapshot_device = 0) {
-  const auto format = detect_trace_format(bytes.substr(0, 256));
-  if (!format) {
-    throw trace_error(
-        "not a trace gpumem can read: expected a gpumem trace ('gpumem-trace 1'), an RMM memory "
-        "event log ('Thread,Time,Action,Pointer,Size,Stream') or a PyTorch memory snapshot "
-        "(torch.cuda.memory._dump_snapshot pickle)",
-        0);
-  }
-  switch (*format) {
+  const std::string_view head = bytes.substr(0, detail::trace_head_bytes);
+  detail::check_trace_head(head, "", std::nullopt);
+  switch (*detect_trace_format(head)) {
     case trace_format::native:
       return parse_native_trace(bytes);
     case trace_format::rmm_csv:
@@ -66,15 +37,41 @@ inline allocation_trace parse_trace(std::string_view bytes, int snapshot_device 
   return {};
 }
 
-/// Reads a trace file, whatever its format. Throws std::system_error when the file cannot be
-/// read, trace_error when it is not a valid trace (the message starts with the path).
-inline allocation_trace read_trace(const std::string& path, int snapshot_device = 0) {
-  const std::string bytes = detail::read_whole_file(path);
+namespace detail {
+
+/// parse_trace, with `name` in front of each error message.
+inline allocation_trace parse_named_trace(const std::string& bytes, std::string_view name,
+                                          int snapshot_device) {
   try {
     return parse_trace(bytes, snapshot_device);
   } catch (const trace_error& e) {
-    throw trace_error(fmt::format("{}: {}", path, e.what()), e.offset());
+    throw trace_error(fmt::format("{}{}", trace_name_prefix(name), e.what()), e.offset());
+  } catch (const std::bad_alloc&) {
+    throw std::system_error(
+        std::make_error_code(std::errc::not_enough_memory),
+        fmt::format("{}parsing {} bytes", trace_name_prefix(name), bytes.size()));
   }
+}
+
+}  // namespace detail
+
+/// Reads a trace from the rest of `in` (opened in binary mode), whatever its format; `name` (a
+/// path, or "-" for standard input) starts every error message. Refuses input that is empty or
+/// of no known format after its first bytes, and input longer than max_trace_bytes. Throws
+/// trace_error when it is not a valid trace, std::system_error when the stream fails or memory
+/// runs out.
+inline allocation_trace read_trace(std::istream& in, std::string_view name,
+                                   int snapshot_device = 0) {
+  return detail::parse_named_trace(detail::read_trace_bytes(in, name, std::nullopt), name,
+                                   snapshot_device);
+}
+
+/// Reads a trace file, whatever its format, as read_trace above. Throws std::system_error when
+/// the file cannot be opened or read (a directory: "PATH: Is a directory"), trace_error when it
+/// is not a valid trace; every message starts with the path.
+inline allocation_trace read_trace(const std::string& path, int snapshot_device = 0) {
+  return detail::parse_named_trace(detail::read_trace_file(path, std::nullopt), path,
+                                   snapshot_device);
 }
 
 }  // namespace gpumem

@@ -10,7 +10,9 @@
 // It is built to meet hostile bytes: every length is checked against the bytes that remain before
 // anything is allocated, so memory stays linear in the input; containers may be shared through
 // the memo but never modified once inside another container, so values are acyclic and their
-// nesting depth is exact and bounded (the recursive destructors stay shallow).
+// nesting depth is exact and bounded (the recursive destructors stay shallow). Time stays linear
+// too: lists and dicts grow geometrically, and dict keys are interned once per object, so a key
+// that the memo shares (a tuple holding another twice, 64 deep) costs no more than its bytes.
 //
 // The pickler writes the same subset (protocol 2-5) in a form Python's pickle.load reads, with
 // equal strings memoised so repeated dict keys cost two bytes.
@@ -31,7 +33,6 @@
 #include <string_view>
 #include <type_traits>
 #include <unordered_map>
-#include <unordered_set>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -51,7 +52,8 @@ struct pickle_bytes {
 
 /// Containers remember the byte offset of the opcode that created them (0 when built in code),
 /// so that readers can point at the place in the file a structural error comes from. `depth` is
-/// 1 + the deepest container inside; `sealed` is set once the container is inside another one.
+/// 1 + the deepest container inside; `sealed` is set once the container is inside another one,
+/// `shared` once it is inside others twice (the memo gave it again).
 struct pickle_tuple {
   std::vector<pickle_value> items;
   std::size_t offset = 0;
@@ -64,6 +66,7 @@ struct pickle_list {
   std::size_t offset = 0;
   std::uint32_t depth = 1;
   bool sealed = false;
+  bool shared = false;
 };
 
 /// A dict keeps Python's insertion order; keys are unique.
@@ -72,6 +75,7 @@ struct pickle_dict {
   std::size_t offset = 0;
   std::uint32_t depth = 1;
   bool sealed = false;
+  bool shared = false;
 };
 
 /// One Python value. Copies are cheap and share containers (as Python references do); strings
@@ -198,6 +202,19 @@ class pickle_value {
         return std::get<dict_ptr>(v_)->depth;
       default:
         return 0;
+    }
+  }
+
+  /// Whether this list or dict was unpickled into two places in other containers (through the
+  /// memo): walking a value visits it more than once. Values built in code say false.
+  bool shared() const noexcept {
+    switch (type()) {
+      case kind::list:
+        return std::get<list_ptr>(v_)->shared;
+      case kind::dict:
+        return std::get<dict_ptr>(v_)->shared;
+      default:
+        return false;
     }
   }
 
@@ -772,8 +789,24 @@ class unpickler {
   // A container inside another is frozen: later changes would be invisible to the depth bound
   // and could close a cycle.
   static void seal(const pickle_value& v) noexcept {
-    if (v.is_list()) std::get<pickle_value::list_ptr>(v.v_)->sealed = true;
-    if (v.is_dict()) std::get<pickle_value::dict_ptr>(v.v_)->sealed = true;
+    if (v.is_list()) {
+      pickle_list& l = *std::get<pickle_value::list_ptr>(v.v_);
+      l.shared = l.shared || l.sealed;
+      l.sealed = true;
+    }
+    if (v.is_dict()) {
+      pickle_dict& d = *std::get<pickle_value::dict_ptr>(v.v_);
+      d.shared = d.shared || d.sealed;
+      d.sealed = true;
+    }
+  }
+
+  // Grows geometrically: reserving the exact size batch after batch (APPENDS of 1000 items, or
+  // one APPEND each) copied the whole list each time.
+  template <class T>
+  static void reserve_more(std::vector<T>& v, std::size_t extra) {
+    const std::size_t need = v.size() + extra;
+    if (need > v.capacity()) v.reserve(std::max(need, 2 * v.capacity()));
   }
 
   // stack_[target].extend(stack_[first:]); the items leave the stack.
@@ -784,7 +817,7 @@ class unpickler {
     }
     pickle_list& l = *std::get<pickle_value::list_ptr>(t.v_);
     if (l.sealed) fail("appending to a list that is already inside another container");
-    l.items.reserve(l.items.size() + (stack_.size() - first));
+    reserve_more(l.items, stack_.size() - first);
     for (std::size_t i = first; i < stack_.size(); ++i) {
       pickle_value& x = stack_[i];
       if (x.same_object(t)) fail("a list cannot contain itself");
@@ -804,7 +837,7 @@ class unpickler {
     const auto& dp = std::get<pickle_value::dict_ptr>(t.v_);
     pickle_dict& d = *dp;
     if (d.sealed) fail("setting an item of a dict that is already inside another container");
-    d.items.reserve(d.items.size() + (stack_.size() - first) / 2);
+    reserve_more(d.items, (stack_.size() - first) / 2);
     for (std::size_t i = first; i < stack_.size(); i += 2) {
       pickle_value& k = stack_[i];
       pickle_value& x = stack_[i + 1];
@@ -839,73 +872,121 @@ class unpickler {
     return false;
   }
 
-  static bool key_equal(const pickle_value& a, const pickle_value& b) {
-    if (a.is_str() && b.is_str()) {  // the common case, often one memoised object
-      const auto& p = std::get<pickle_value::str_ptr>(a.v_);
-      const auto& q = std::get<pickle_value::str_ptr>(b.v_);
-      return p == q || *p == *q;
+  // A dict key's identity: keys Python finds equal (1 == True == 1.0, equal str, equal tuples)
+  // get equal refs. Each str, bytes and tuple object is interned once and remembered, so a key
+  // costs time linear in its own size however often the memo repeats it: compared or encoded as
+  // a tree, a tuple holding another twice, 64 deep, has 2^64 leaves.
+  struct key_ref {
+    char tag = 'N';
+    std::uint64_t value = 0;
+    friend bool operator==(const key_ref& a, const key_ref& b) noexcept {
+      return a.tag == b.tag && a.value == b.value;
     }
-    std::int64_t x = 0;
-    std::int64_t y = 0;
-    const bool ai = number_as_int(a, x);
-    const bool bi = number_as_int(b, y);
-    if (ai || bi) return ai && bi && x == y;
-    if (a.type() != b.type()) return false;
-    if (a.is_tuple()) {
-      const auto& p = a.as_tuple();
-      const auto& q = b.as_tuple();
-      if (p.size() != q.size()) return false;
-      for (std::size_t i = 0; i < p.size(); ++i) {
-        if (!key_equal(p[i], q[i])) return false;
-      }
+  };
+  // The keys of one big dict: open addressing, so that a key costs no allocation of its own.
+  class key_set {
+   public:
+    // False when `k` was there already.
+    bool insert(const key_ref& k) {
+      if (2 * (size_ + 1) > slots_.size()) grow();
+      if (!place(slots_, k)) return false;
+      ++size_;
       return true;
     }
-    return a == b;
+
+   private:
+    static bool place(std::vector<key_ref>& slots, const key_ref& k) {
+      const std::size_t mask = slots.size() - 1;
+      std::uint64_t h =
+          k.value ^ (static_cast<std::uint64_t>(static_cast<unsigned char>(k.tag)) << 56);
+      h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ULL;  // splitmix64's finaliser
+      h = (h ^ (h >> 27)) * 0x94d049bb133111ebULL;
+      for (std::size_t i = static_cast<std::size_t>(h ^ (h >> 31)) & mask;; i = (i + 1) & mask) {
+        if (slots[i].tag == empty) {
+          slots[i] = k;
+          return true;
+        }
+        if (slots[i] == k) return false;
+      }
+    }
+    void grow() {
+      std::vector<key_ref> bigger(std::max<std::size_t>(64, 2 * slots_.size()), key_ref{empty, 0});
+      for (const key_ref& k : slots_) {
+        if (k.tag != empty) place(bigger, k);
+      }
+      slots_.swap(bigger);
+    }
+    static constexpr char empty = '\0';  // no key_ref has this tag
+    std::vector<key_ref> slots_;
+    std::size_t size_ = 0;
+  };
+
+  // Short str keys (the common case, often one memoised object) compare directly.
+  bool key_equal(const pickle_value& a, const pickle_value& b) {
+    static constexpr std::size_t short_str = 64;
+    if (a.is_str() && b.is_str()) {
+      const auto& p = std::get<pickle_value::str_ptr>(a.v_);
+      const auto& q = std::get<pickle_value::str_ptr>(b.v_);
+      if (p == q) return true;
+      if (p->size() != q->size()) return false;
+      if (p->size() <= short_str) return *p == *q;
+    }
+    return key_of(a) == key_of(b);
   }
 
-  // One string per key such that equal keys (key_equal) give equal strings.
-  static void encode_key(const pickle_value& k, std::string& out) {
-    const auto put64 = [&out](std::uint64_t v) {
-      char b[8];
-      std::memcpy(b, &v, 8);
-      out.append(b, 8);
-    };
+  key_ref key_of(const pickle_value& k) {
     std::int64_t i = 0;
-    if (number_as_int(k, i)) {
-      out += 'I';
-      put64(static_cast<std::uint64_t>(i));
-      return;
-    }
+    if (number_as_int(k, i)) return {'I', static_cast<std::uint64_t>(i)};
     switch (k.type()) {
-      case pickle_value::kind::none:
-        out += 'N';
-        break;
       case pickle_value::kind::floating: {
         std::uint64_t bits;
         const double d = k.as_float();
         std::memcpy(&bits, &d, 8);
-        out += 'F';
-        put64(bits);
-        break;
+        return {'F', bits};
       }
-      case pickle_value::kind::string:
-        out += 'S';
-        put64(k.as_str().size());
-        out += k.as_str();
-        break;
-      case pickle_value::kind::bytes:
-        out += 'B';
-        put64(k.as_bytes().size());
-        out += k.as_bytes();
-        break;
+      case pickle_value::kind::string: {
+        const auto& p = std::get<pickle_value::str_ptr>(k.v_);
+        return {'S', intern_text(p, *p, str_ids_)};
+      }
+      case pickle_value::kind::bytes: {
+        const auto& p = std::get<pickle_value::bytes_ptr>(k.v_);
+        return {'B', intern_text(p, p->data, bytes_ids_)};
+      }
       case pickle_value::kind::tuple:
-        out += 'T';
-        put64(k.as_tuple().size());
-        for (const pickle_value& x : k.as_tuple()) encode_key(x, out);
-        break;
+        return {'T', intern_tuple(std::get<pickle_value::tuple_ptr>(k.v_))};
       default:
-        break;  // unhashable: refused before
+        return {'N', 0};  // None; unhashable kinds are refused before
     }
+  }
+
+  // The id of a str or bytes object's contents, hashed once per object.
+  std::uint64_t intern_text(const std::shared_ptr<const void>& object, std::string_view text,
+                            std::unordered_map<std::string_view, std::uint64_t>& ids) {
+    const auto known = object_ids_.find(object.get());
+    if (known != object_ids_.end()) return known->second;
+    id_owners_.push_back(object);  // keeps `text` alive and the address from being reused
+    const std::uint64_t id = ids.emplace(text, ids.size()).first->second;
+    object_ids_.emplace(object.get(), id);
+    return id;
+  }
+
+  // The id of a tuple's contents: the refs of its items, each interned already.
+  std::uint64_t intern_tuple(const std::shared_ptr<const pickle_tuple>& t) {
+    const auto known = object_ids_.find(t.get());
+    if (known != object_ids_.end()) return known->second;
+    std::string items;
+    items.reserve(9 * t->items.size());
+    for (const pickle_value& x : t->items) {
+      const key_ref r = key_of(x);  // recursion is bounded by max_depth_
+      char b[9];
+      b[0] = r.tag;
+      std::memcpy(b + 1, &r.value, 8);
+      items.append(b, 9);
+    }
+    id_owners_.push_back(t);
+    const std::uint64_t id = tuple_ids_.emplace(std::move(items), tuple_ids_.size()).first->second;
+    object_ids_.emplace(t.get(), id);
+    return id;
   }
 
   // Refuses a key the dict already has. Small dicts are scanned; big ones get a hash index.
@@ -921,16 +1002,10 @@ class unpickler {
     auto it = key_index_.find(dp.get());
     if (it == key_index_.end()) {
       key_index_owners_.push_back(dp);  // keeps the address from being reused while indexed
-      it = key_index_.emplace(dp.get(), std::unordered_set<std::string>{}).first;
-      for (const auto& item : d.items) {
-        std::string e;
-        encode_key(item.first, e);
-        it->second.insert(std::move(e));
-      }
+      it = key_index_.emplace(dp.get(), key_set{}).first;
+      for (const auto& item : d.items) it->second.insert(key_of(item.first));
     }
-    std::string e;
-    encode_key(k, e);
-    if (!it->second.insert(std::move(e)).second) fail("duplicate dict key");
+    if (!it->second.insert(key_of(k))) fail("duplicate dict key");
   }
 
   std::string_view data_;
@@ -942,8 +1017,13 @@ class unpickler {
   std::vector<std::size_t> marks_;
   std::vector<pickle_value> memo_;                               // indices 0 .. size-1
   std::unordered_map<std::uint64_t, pickle_value> sparse_memo_;  // indices above that
-  std::unordered_map<const pickle_dict*, std::unordered_set<std::string>> key_index_;
+  std::unordered_map<const pickle_dict*, key_set> key_index_;
   std::vector<std::shared_ptr<pickle_dict>> key_index_owners_;
+  std::unordered_map<const void*, std::uint64_t> object_ids_;  // interned str, bytes, tuples
+  std::vector<std::shared_ptr<const void>> id_owners_;
+  std::unordered_map<std::string_view, std::uint64_t> str_ids_;
+  std::unordered_map<std::string_view, std::uint64_t> bytes_ids_;
+  std::unordered_map<std::string, std::uint64_t> tuple_ids_;
 };
 
 /// The value pickled in `data` (the whole of it: bytes after STOP are an error). Throws
