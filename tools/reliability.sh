@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # gpumem's reliability figures (README.md, "Reliability"), from scratch, on any Linux machine:
-#   1. the test suite built with AddressSanitizer + UndefinedBehaviorSanitizer and run (ctest; the
+#   1. the test suite built with clang (so that CI builds it with both g++ and clang), with
+#      AddressSanitizer + UndefinedBehaviorSanitizer, and run (ctest; the
 #      tests that need torch or a GPU are left out of that build);
 #   2. the concurrency stress test (threads x streams x sizes, record_stream, empty_cache, the
 #      pinned pool) built with ThreadSanitizer and run;
-#   3. the five libFuzzer targets (clang; ASan + UBSan), corpora seeded from the bundled traces,
+#   3. the seven libFuzzer targets (clang; ASan + UBSan), corpora seeded from the bundled traces,
 #      each run for GPUMEM_FUZZ_SECONDS (default 60); the trace parsers get inputs up to 4 MiB and
 #      10 s each, so that a hang or a quadratic slowdown is a finding;
 #   4. a table of the figures, also written to ${OUT:-build-reliability}/reliability.md.
@@ -75,8 +76,13 @@ if CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebIn
   cmake --build build-fuzz -j"$jobs" >"$out/fuzz-build.log" 2>&1; then
   corpus=$out/corpus
   rm -rf "$corpus"
-  mkdir -p "$corpus"/{config,native_trace,rmm_csv,pytorch_snapshot,allocator_ops}
+  mkdir -p "$corpus"/{config,native_trace,rmm_csv,pytorch_snapshot,allocator_ops,replay,parse_size}
   cp examples/traces/*.trace "$corpus/native_trace/"
+  # fuzz_replay: a configuration line, then a trace (the start of a bundled one).
+  for c in policy:stitch policy:expandable "policy:classic,max_split_size_mb:64"; do
+    { echo "$c"; head -n 400 examples/traces/llama-tiny-b4-s512-accum2.trace; } >"$corpus/replay/$(echo "$c" | tr -c 'a-z0-9' _)"
+  done
+  for size in 80GiB 1.5TiB "512 MiB" 4096 0.1K; do printf '%s' "$size" >"$corpus/parse_size/$(echo "$size" | tr -c 'a-zA-Z0-9' _)"; done
   printf '%s' "max_split_size_mb:128,roundup_power2_divisions:[256:1,512:2,>:4]" >"$corpus/config/a"
   printf '%s' "expandable_segments:True,garbage_collection_threshold:0.6,policy:stitch" >"$corpus/config/b"
   printf '%s' "per_process_memory_fraction:0.5,pinned_num_register_threads:8" >"$corpus/config/c"
@@ -89,13 +95,18 @@ if CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebIn
   fi
   [ -d ../shared/traces ] && cp ../shared/traces/*.pickle "$corpus/pytorch_snapshot/" 2>/dev/null
   head -c 3000 /dev/urandom >"$corpus/allocator_ops/random"
-  for name in config native_trace rmm_csv pytorch_snapshot allocator_ops; do
+  for name in config native_trace rmm_csv pytorch_snapshot allocator_ops replay parse_size; do
     log=$out/fuzz_$name.log
     limits=(-max_len=65536 -timeout=10)
     case $name in
       native_trace | rmm_csv | pytorch_snapshot) limits=(-max_len=4194304 -timeout=10) ;;
       allocator_ops) limits=(-max_len=3000 -timeout=10) ;; # up to 1,000 operations, each checked
+      replay) limits=(-max_len=262144 -timeout=10) ;;
+      parse_size) limits=(-max_len=256 -timeout=10) ;;
     esac
+    # The configuration's keys and edge values: fuzz_config reads them raw, fuzz_replay in its
+    # first line (fuzz_allocator_ops builds its configuration from a table of its own).
+    case $name in config | replay) limits+=(-dict=tests/fuzz/config.dict) ;; esac
     if build-fuzz/tests/fuzz/fuzz_$name "$corpus/$name" -max_total_time="$fuzz_seconds" "${limits[@]}" \
       -artifact_prefix="$out/fuzz_$name-" -print_final_stats=1 >"$log" 2>&1; then
       runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)

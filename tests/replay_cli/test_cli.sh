@@ -178,6 +178,13 @@ for seg in s["segments"]:
 PY
 fi
 
+# --- "-" reads the trace from standard input ------------------------------------------------------
+"$replay" - --device-memory 100MiB --config policy:classic --json <"$work/survivor.trace" >"$work/out" 2>"$work/err" ||
+  fail "reading from standard input failed: $(cat "$work/err")"
+expect_in "$(cat "$work/out")" '"completed": false' "standard input replayed like the file"
+run 2 - --allocator cub
+expect_in "$err" "reads the trace from a file" "a peer with standard input"
+
 # --- hostile settings and outputs: refused clearly, never a crash or a silent success -------------
 # A segment size whose page arithmetic overflowed (SIGFPE before it was bounded).
 run 2 "$work/survivor.trace" --config "policy:expandable,large_segment_size_mb:17592186044415"

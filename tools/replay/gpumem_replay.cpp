@@ -18,6 +18,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -91,6 +92,7 @@ void print_help() {
       "whether it runs out of memory, where and why, and how much memory it holds. TRACE is a\n"
       "gpumem trace, a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot) or an RMM\n"
       "memory event log (logging_resource_adaptor CSV); the format is recognised by its content.\n"
+      "TRACE - reads it from standard input.\n"
       "\n"
       "options:\n"
       "  --allocator gpumem|pytorch|cub\n"
@@ -257,6 +259,10 @@ options parse_command_line(int argc, char** argv) {
     }
   }
   if (o.trace_path.empty()) usage_error("no trace given");
+  if (o.trace_path == "-" && o.allocator != "gpumem") {
+    usage_error(fmt::format("--allocator {} reads the trace from a file, not from standard input",
+                            o.allocator));
+  }
   if (o.allocator != "gpumem") {
     if (!o.plot_path.empty()) usage_error("--plot is only for --allocator gpumem");
     if (!o.export_path.empty()) usage_error("--export-snapshot is only for --allocator gpumem");
@@ -938,7 +944,10 @@ int run(const options& o) {
   const std::string peer_file = peer ? peer_path() : std::string();
   if (peer) check_peer(o, peer_file);
   const auto read_start = std::chrono::steady_clock::now();
-  const gpumem::allocation_trace trace = gpumem::read_trace(o.trace_path, o.snapshot_device);
+  // "-" is standard input (replayed as many times as the flags ask: it is read once).
+  const gpumem::allocation_trace trace =
+      o.trace_path == "-" ? gpumem::read_trace(std::cin, "standard input", o.snapshot_device)
+                          : gpumem::read_trace(o.trace_path, o.snapshot_device);
   if (!o.convert_path.empty()) {
     std::ofstream out(o.convert_path, std::ios::binary);
     if (!out)
