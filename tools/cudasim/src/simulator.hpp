@@ -1807,9 +1807,9 @@ class simulator {
   // its place among the work the host has not seen complete.
   void check_work_locked(const stream_state& s, const work_spec& w, double end) {
     for (const touched_range& r : w.ranges) check_access_locked(s, w.what, r);
+    // One report per new work: its first conflict with earlier work it is not ordered after.
     for (const pending_work& p : pending_) {
       if (p.stream == s.id || s.order.get(p.stream) >= p.seq) continue;
-      bool reported = false;
       for (const touched_range& a : w.ranges) {
         for (const touched_range& b : p.ranges) {
           if (!overlaps(a.begin, a.end, b.begin, b.end) || (!a.write && !b.write)) continue;
@@ -1820,12 +1820,15 @@ class simulator {
                                     w.what, describe(s), a.write ? "writes" : "reads",
                                     show(a.begin, a.end), p.what, describe(other),
                                     b.write ? "writes" : "reads", show(b.begin, b.end)));
-          reported = true;
-          break;
+          remember_locked(s, w, end);
+          return;
         }
-        if (reported) break;
       }
     }
+    remember_locked(s, w, end);
+  }
+
+  void remember_locked(const stream_state& s, const work_spec& w, double end) {
     if (!w.ranges.empty()) {
       pending_.push_back(pending_work{s.id, s.seq, s.device, end, w.what, w.ranges});
     }
