@@ -9,6 +9,7 @@
 #ifdef GPUMEM_TEST_CUDASIM
 
 #include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
@@ -480,6 +481,52 @@ TEST_F(CudaSimCapture, GraphsMadeByHandAndPrintedAsDot) {
   ASSERT_EQ(cudaDeviceGetGraphMemAttribute(0, cudaGraphMemAttrUsedMemHigh, &used), cudaSuccess);
   EXPECT_EQ(used, 0u);
   EXPECT_EQ(cudaGraphDestroy(g), cudaSuccess);
+}
+
+TEST_F(CudaSimCapture, TheDriverApiCapturesToo) {
+  ASSERT_EQ(cuInit(0), CUDA_SUCCESS);
+  CUevent e = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cuStreamBeginCapture(s_, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), CUDA_SUCCESS);
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  ASSERT_EQ(cuStreamIsCapturing(s_, &st), CUDA_SUCCESS);
+  EXPECT_EQ(st, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  ASSERT_EQ(launch_work(s_, {writes(buffer_, MiB)}), cudaSuccess);
+  ASSERT_EQ(cuEventRecord(e, s_), CUDA_SUCCESS);
+  ASSERT_EQ(cuStreamWaitEvent(t_, e, 0), CUDA_SUCCESS);  // t_ joins
+  cuuint64_t id = 0;
+  CUgraph building = nullptr;
+  const CUgraphNode* deps = nullptr;
+  std::size_t n = 0;
+  ASSERT_EQ(cuStreamGetCaptureInfo(t_, &st, &id, &building, &deps, nullptr, &n), CUDA_SUCCESS);
+  EXPECT_EQ(st, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  EXPECT_NE(id, 0u);
+  EXPECT_EQ(n, 1u);
+  EXPECT_EQ(cuStreamSynchronize(s_), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  CUgraph g = nullptr;
+  EXPECT_EQ(cuStreamEndCapture(s_, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  EXPECT_EQ(g, nullptr);
+  (void)cudaGetLastError();
+
+  // The older ABI of cuStreamGetCaptureInfo, as cuGetProcAddress hands it out.
+  void* fn = nullptr;
+  ASSERT_EQ(cuGetProcAddress("cuStreamGetCaptureInfo", &fn, 11030, 0, nullptr), CUDA_SUCCESS);
+  const auto info_v2 = reinterpret_cast<PFN_cuStreamGetCaptureInfo_v11030>(fn);
+  ASSERT_EQ(cuStreamBeginCapture(s_, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  ASSERT_EQ(launch_work(s_, {writes(buffer_, MiB)}), cudaSuccess);
+  ASSERT_EQ(info_v2(s_, &st, &id, &building, &deps, &n), CUDA_SUCCESS);
+  EXPECT_EQ(n, 1u);
+  ASSERT_EQ(cuStreamEndCapture(s_, &g), CUDA_SUCCESS);
+  CUgraphExec exec = nullptr;
+  ASSERT_EQ(cuGraphInstantiate(&exec, g, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cuGraphLaunch(exec, s_), CUDA_SUCCESS);
+  ASSERT_EQ(cuEventRecord(e, s_), CUDA_SUCCESS);
+  ASSERT_EQ(cuEventSynchronize(e), CUDA_SUCCESS);
+  EXPECT_EQ(cuEventQuery(e), CUDA_SUCCESS);
+  EXPECT_EQ(cuStreamQuery(s_), CUDA_SUCCESS);
+  EXPECT_EQ(cuGraphExecDestroy(exec), CUDA_SUCCESS);
+  EXPECT_EQ(cuGraphDestroy(g), CUDA_SUCCESS);
+  EXPECT_EQ(cudaEventDestroy(e), cudaSuccess);
 }
 
 }  // namespace

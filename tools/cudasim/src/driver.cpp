@@ -32,6 +32,7 @@
 #undef cuGetProcAddress
 #undef cuCtxPushCurrent
 #undef cuCtxPopCurrent
+#undef cuStreamGetCaptureInfo
 
 extern "C" {
 CUresult cuDevicePrimaryCtxRelease(CUdevice dev);
@@ -42,6 +43,26 @@ CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int g
                              void** kernelParams, void** extra);
 CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f, void** kernelParams,
                                void** extra);
+CUresult cuStreamGetCaptureInfo(CUstream hStream, CUstreamCaptureStatus* captureStatus_out,
+                                cuuint64_t* id_out);
+CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus* captureStatus_out,
+                                   cuuint64_t* id_out, CUgraph* graph_out,
+                                   const CUgraphNode** dependencies_out,
+                                   size_t* numDependencies_out);
+CUresult cuStreamSynchronize_ptsz(CUstream hStream);
+CUresult cuStreamQuery_ptsz(CUstream hStream);
+CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags);
+CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream);
+CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream, unsigned int flags);
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode);
+CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph* phGraph);
+CUresult cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus* captureStatus);
+CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream hStream, CUstreamCaptureStatus* captureStatus_out,
+                                        cuuint64_t* id_out, CUgraph* graph_out,
+                                        const CUgraphNode** dependencies_out,
+                                        const CUgraphEdgeData** edgeData_out,
+                                        size_t* numDependencies_out);
+CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream);
 }
 
 namespace gpumem::cudasim {
@@ -132,6 +153,11 @@ int check_prop(const simulator& sim, const CUmemAllocationProp* prop) noexcept {
   return ok;
 }
 
+template <class T>
+const void* ptr(T* handle) noexcept {
+  return static_cast<const void*>(handle);
+}
+
 std::string hex(CUdeviceptr p) {
   return fmt::format("{:#x}", static_cast<unsigned long long>(p));
 }
@@ -168,6 +194,26 @@ constexpr proc procs[] = {
     {"cuLaunchKernel", 4000, "cuLaunchKernel"},
     {"cuLaunchKernelEx", 11060, "cuLaunchKernelEx"},
     {"cuThreadExchangeStreamCaptureMode", 10010, "cuThreadExchangeStreamCaptureMode"},
+    {"cuCtxPushCurrent", 2000, "cuCtxPushCurrent"},  // the older ABIs: the stubs
+    {"cuCtxPopCurrent", 2000, "cuCtxPopCurrent"},
+    {"cuStreamSynchronize", 2000, "cuStreamSynchronize"},
+    {"cuStreamQuery", 2000, "cuStreamQuery"},
+    {"cuStreamWaitEvent", 3020, "cuStreamWaitEvent"},
+    {"cuEventRecord", 2000, "cuEventRecord"},
+    {"cuEventRecordWithFlags", 11010, "cuEventRecordWithFlags"},
+    {"cuEventQuery", 2000, "cuEventQuery"},
+    {"cuEventSynchronize", 2000, "cuEventSynchronize"},
+    {"cuStreamBeginCapture", 10000, "cuStreamBeginCapture"},
+    {"cuStreamBeginCapture", 10010, "cuStreamBeginCapture_v2"},
+    {"cuStreamEndCapture", 10000, "cuStreamEndCapture"},
+    {"cuStreamIsCapturing", 10000, "cuStreamIsCapturing"},
+    {"cuStreamGetCaptureInfo", 10010, "cuStreamGetCaptureInfo"},
+    {"cuStreamGetCaptureInfo", 11030, "cuStreamGetCaptureInfo_v2"},
+    {"cuStreamGetCaptureInfo", 12030, "cuStreamGetCaptureInfo_v3"},
+    {"cuGraphInstantiateWithFlags", 11040, "cuGraphInstantiateWithFlags"},
+    {"cuGraphLaunch", 10000, "cuGraphLaunch"},
+    {"cuGraphExecDestroy", 10000, "cuGraphExecDestroy"},
+    {"cuGraphDestroy", 10000, "cuGraphDestroy"},
     {"cuCtxGetDevice", 2000, "cuCtxGetDevice"},
     {"cuCtxGetDevice", 13000, "cuCtxGetDevice_v2"},
     {"cuCtxSynchronize", 2000, "cuCtxSynchronize"},
@@ -785,6 +831,188 @@ CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
         *mode = previous;
         return ok;
       });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streams, events, capture and graphs: the runtime's, under the driver's names (a CUstream is a
+// cudaStream_t, a CUgraph a cudaGraph_t, ...); the null stream is the current context's legacy
+// stream, and the per-thread default stream is the legacy stream too.
+// ---------------------------------------------------------------------------------------------
+
+CUresult cuStreamSynchronize(CUstream hStream) {
+  return driver_call(
+      "cuStreamSynchronize", needs::context, [&] { return fmt::format("{}", ptr(hStream)); },
+      [&](simulator& sim) -> int {
+        return sim.synchronize_stream(context_device(sim), hStream, "cuStreamSynchronize");
+      });
+}
+CUresult cuStreamSynchronize_ptsz(CUstream hStream) {
+  return cuStreamSynchronize(hStream);
+}
+
+CUresult cuStreamQuery(CUstream hStream) {
+  return driver_call(
+      "cuStreamQuery", needs::context, [&] { return fmt::format("{}", ptr(hStream)); },
+      [&](simulator& sim) -> int {
+        return sim.query_stream(context_device(sim), hStream, "cuStreamQuery");
+      });
+}
+CUresult cuStreamQuery_ptsz(CUstream hStream) {
+  return cuStreamQuery(hStream);
+}
+
+CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) {
+  return driver_call(
+      "cuStreamWaitEvent", needs::context,
+      [&] { return fmt::format("{}, {}, {}", ptr(hStream), ptr(hEvent), Flags); },
+      [&](simulator& sim) -> int {
+        if ((Flags & ~static_cast<unsigned>(CU_EVENT_WAIT_EXTERNAL)) != 0) return invalid_value;
+        return sim.stream_wait_event(context_device(sim), hStream, hEvent, Flags);
+      });
+}
+CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags) {
+  return cuStreamWaitEvent(hStream, hEvent, Flags);
+}
+
+CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags) {
+  return driver_call(
+      "cuEventRecordWithFlags", needs::context,
+      [&] { return fmt::format("{}, {}, {}", ptr(hEvent), ptr(hStream), flags); },
+      [&](simulator& sim) -> int {
+        if ((flags & ~static_cast<unsigned>(CU_EVENT_RECORD_EXTERNAL)) != 0) return invalid_value;
+        return sim.record_event(context_device(sim), hEvent, hStream, flags);
+      });
+}
+CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream, unsigned int flags) {
+  return cuEventRecordWithFlags(hEvent, hStream, flags);
+}
+CUresult cuEventRecord(CUevent hEvent, CUstream hStream) {
+  return cuEventRecordWithFlags(hEvent, hStream, 0);
+}
+CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream) {
+  return cuEventRecordWithFlags(hEvent, hStream, 0);
+}
+
+CUresult cuEventQuery(CUevent hEvent) {
+  return driver_call(
+      "cuEventQuery", needs::context, [&] { return fmt::format("{}", ptr(hEvent)); },
+      [&](simulator& sim) -> int { return sim.query_event(hEvent); });
+}
+
+CUresult cuEventSynchronize(CUevent hEvent) {
+  return driver_call(
+      "cuEventSynchronize", needs::context, [&] { return fmt::format("{}", ptr(hEvent)); },
+      [&](simulator& sim) -> int { return sim.synchronize_event(hEvent); });
+}
+
+CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
+  return driver_call(
+      "cuStreamBeginCapture_v2", needs::context,
+      [&] { return fmt::format("{}, {}", ptr(hStream), static_cast<int>(mode)); },
+      [&](simulator& sim) -> int {
+        return sim.begin_capture(context_device(sim), hStream,
+                                 static_cast<cudaStreamCaptureMode>(mode));
+      });
+}
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode) {
+  return cuStreamBeginCapture_v2(hStream, mode);
+}
+
+CUresult cuStreamEndCapture(CUstream hStream, CUgraph* phGraph) {
+  return driver_call(
+      "cuStreamEndCapture", needs::context, [&] { return fmt::format("{}, &graph", ptr(hStream)); },
+      [&](simulator& sim) -> int {
+        return sim.end_capture(context_device(sim), hStream, phGraph);
+      });
+}
+CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph* phGraph) {
+  return cuStreamEndCapture(hStream, phGraph);
+}
+
+CUresult cuStreamGetCaptureInfo_v3(CUstream hStream, CUstreamCaptureStatus* captureStatus_out,
+                                   cuuint64_t* id_out, CUgraph* graph_out,
+                                   const CUgraphNode** dependencies_out,
+                                   const CUgraphEdgeData** edgeData_out,
+                                   size_t* numDependencies_out) {
+  return driver_call(
+      "cuStreamGetCaptureInfo_v3", needs::context,
+      [&] { return fmt::format("{}, &status, ...", ptr(hStream)); },
+      [&](simulator& sim) -> int {
+        if (captureStatus_out == nullptr) return invalid_value;
+        if (edgeData_out != nullptr && dependencies_out == nullptr) return invalid_value;
+        if (edgeData_out != nullptr) *edgeData_out = nullptr;  // no edge data: default edges
+        cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+        unsigned long long id = 0;
+        const int r =
+            sim.capture_info(context_device(sim), hStream, st, id_out != nullptr ? &id : nullptr,
+                             graph_out, dependencies_out, numDependencies_out);
+        *captureStatus_out = static_cast<CUstreamCaptureStatus>(st);
+        if (id_out != nullptr) *id_out = id;
+        return r;
+      });
+}
+CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream hStream, CUstreamCaptureStatus* captureStatus_out,
+                                        cuuint64_t* id_out, CUgraph* graph_out,
+                                        const CUgraphNode** dependencies_out,
+                                        const CUgraphEdgeData** edgeData_out,
+                                        size_t* numDependencies_out) {
+  return cuStreamGetCaptureInfo_v3(hStream, captureStatus_out, id_out, graph_out, dependencies_out,
+                                   edgeData_out, numDependencies_out);
+}
+CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus* captureStatus_out,
+                                   cuuint64_t* id_out, CUgraph* graph_out,
+                                   const CUgraphNode** dependencies_out,
+                                   size_t* numDependencies_out) {
+  return cuStreamGetCaptureInfo_v3(hStream, captureStatus_out, id_out, graph_out, dependencies_out,
+                                   nullptr, numDependencies_out);
+}
+CUresult cuStreamGetCaptureInfo(CUstream hStream, CUstreamCaptureStatus* captureStatus_out,
+                                cuuint64_t* id_out) {
+  return cuStreamGetCaptureInfo_v3(hStream, captureStatus_out, id_out, nullptr, nullptr, nullptr,
+                                   nullptr);
+}
+
+CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus* captureStatus) {
+  return cuStreamGetCaptureInfo_v3(hStream, captureStatus, nullptr, nullptr, nullptr, nullptr,
+                                   nullptr);
+}
+CUresult cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus* captureStatus) {
+  return cuStreamIsCapturing(hStream, captureStatus);
+}
+
+CUresult cuGraphInstantiateWithFlags(CUgraphExec* phGraphExec, CUgraph hGraph,
+                                     unsigned long long flags) {
+  return driver_call(
+      "cuGraphInstantiateWithFlags", needs::context,
+      [&] { return fmt::format("&exec, {}, {}", ptr(hGraph), flags); },
+      [&](simulator& sim) -> int {
+        if (phGraphExec == nullptr) return invalid_value;
+        return sim.instantiate(*phGraphExec, hGraph, flags);
+      });
+}
+
+CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
+  return driver_call(
+      "cuGraphLaunch", needs::context,
+      [&] { return fmt::format("{}, {}", ptr(hGraphExec), ptr(hStream)); },
+      [&](simulator& sim) -> int {
+        return sim.launch_graph(context_device(sim), hGraphExec, hStream);
+      });
+}
+CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
+  return cuGraphLaunch(hGraphExec, hStream);
+}
+
+CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) {
+  return driver_call(
+      "cuGraphExecDestroy", needs::init, [&] { return fmt::format("{}", ptr(hGraphExec)); },
+      [&](simulator& sim) -> int { return sim.destroy_exec(hGraphExec); });
+}
+
+CUresult cuGraphDestroy(CUgraph hGraph) {
+  return driver_call(
+      "cuGraphDestroy", needs::init, [&] { return fmt::format("{}", ptr(hGraph)); },
+      [&](simulator& sim) -> int { return sim.destroy_graph(hGraph); });
 }
 
 // ---------------------------------------------------------------------------------------------
