@@ -330,7 +330,7 @@ TEST_F(CudaSimRules, TheLegacyStreamOrdersBlockingStreamsOnly) {
   EXPECT_EQ(cudaFree(p), cudaSuccess);
 }
 
-TEST_F(CudaSimRules, SynchronousCallsSynchroniseAsCudaDocuments) {
+TEST_F(CudaSimRules, CopiesAndFillsSynchroniseTheHostAsCudaDocuments) {
   std::vector<char> host(4096);
   {
     // cudaMemset of device memory is asynchronous to the host.
@@ -357,6 +357,26 @@ TEST_F(CudaSimRules, SynchronousCallsSynchroniseAsCudaDocuments) {
     EXPECT_EQ(counters().violations_in_flight, 1u);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // else later unmaps report it again
     reset_violations();
+  }
+  {
+    // cudaMemcpyAsync to pageable memory returns once the copy has completed...
+    vmm_memory m(0, 2 * MiB, {0});
+    ASSERT_EQ(cudaMemcpyAsync(host.data(), m.ptr(), host.size(), cudaMemcpyDeviceToHost, a_),
+              cudaSuccess);
+    EXPECT_EQ(m.unmap(), CUDA_SUCCESS);
+    EXPECT_EQ(violations(), 0u) << last_violation();
+  }
+  {
+    // ...to pinned memory it does not.
+    void* pinned = nullptr;
+    ASSERT_EQ(cudaMallocHost(&pinned, 4096), cudaSuccess);
+    vmm_memory m(0, 2 * MiB, {0});
+    ASSERT_EQ(cudaMemcpyAsync(pinned, m.ptr(), 4096, cudaMemcpyDeviceToHost, a_), cudaSuccess);
+    EXPECT_EQ(m.unmap(), CUDA_SUCCESS);
+    EXPECT_EQ(counters().violations_in_flight, 1u);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // else later unmaps report it again
+    reset_violations();
+    ASSERT_EQ(cudaFreeHost(pinned), cudaSuccess);
   }
   {
     // Device to device: no host synchronisation at all.

@@ -944,9 +944,9 @@ class simulator {
   // Work: copies, fills, kernels, simulated work
   // -------------------------------------------------------------------------------------------
 
-  /// cudaMemcpy (async = false: on the legacy default stream of `current`, synchronous as CUDA
-  /// documents for each direction) and cudaMemcpyAsync. Host-to-host copies really copy; device
-  /// memory holds nothing, so a copy from it leaves the destination unchanged.
+  /// cudaMemcpy (async = false: on the legacy default stream of `current`) and cudaMemcpyAsync,
+  /// each synchronous to the host where CUDA documents it. Host-to-host copies really copy;
+  /// device memory holds nothing, so a copy from it leaves the destination unchanged.
   status copy(int current, void* dst, const void* src, std::size_t bytes, bool async,
               cudaStream_t stream, const char* call) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -973,8 +973,13 @@ class simulator {
     const enqueued r = enqueue_locked(*s, std::move(w));
     if (r.result != ok) return r.result;
     if (!r.captured && host_only) std::memmove(dst, src, bytes);
-    // Synchronous to the host: to host memory, host to host, and from pinned memory.
-    if (!async && !r.captured && (to < 0 || pinned_source)) {
+    // What returns only once the copy has completed (CUDA's "API synchronization behavior"):
+    // cudaMemcpy to host memory or from pinned memory; cudaMemcpyAsync to pageable memory; any
+    // copy between two host buffers.
+    const bool pageable_destination = to < 0 && !host_covers_locked(dst, bytes);
+    const bool waits =
+        host_only || (async ? from >= 0 && pageable_destination : to < 0 || pinned_source);
+    if (waits && !r.captured) {
       wait_until_locked(r.end);
       observe_locked(s->order);
     }
