@@ -407,6 +407,19 @@ TEST_F(CudaSimRules, KernelLaunchesAreWorkThatTouchesNothingKnown) {
   EXPECT_EQ(cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, a_, nullptr, nullptr), CUDA_SUCCESS);
   EXPECT_EQ(cuLaunchKernel(nullptr, 1, 1, 1, 32, 1, 1, 0, a_, nullptr, nullptr),
             CUDA_ERROR_INVALID_HANDLE);
+  // What launch configuration code asks (CUB's, in PyTorch's cumsum and nonzero).
+  cudaFuncAttributes attr{};
+  ASSERT_EQ(cudaFuncGetAttributes(&attr, kernel), cudaSuccess);
+  EXPECT_EQ(attr.maxThreadsPerBlock, 1024);
+  EXPECT_GT(attr.numRegs, 0);
+  int blocks = 0;
+  ASSERT_EQ(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 256, 0), cudaSuccess);
+  EXPECT_EQ(blocks, 8);
+  EXPECT_EQ(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536),
+            cudaSuccess);
+  EXPECT_EQ(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 0, 0),
+            cudaErrorInvalidValue);
+  (void)cudaGetLastError();
   const gpumemSimCounters after = counters();
   EXPECT_EQ(after.kernel_launches - before.kernel_launches, 3u);
   EXPECT_EQ(after.pending_works, 0u);  // nothing known is touched: nothing to remember

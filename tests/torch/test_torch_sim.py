@@ -203,6 +203,8 @@ class StreamRulesTest(SimTest):
             before = counters()
             x = torch.zeros(1024, device="cuda")
             y = (x + 1) * 2
+            y.cumsum(0)  # CUB asks cudaFuncGetAttributes
+            (y > 0).nonzero()  # a count copied to the host
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(s):

@@ -953,6 +953,50 @@ cudaError_t cudaLaunchKernelExC_ptsz(const cudaLaunchConfig_t* config, const voi
   return launch_impl("cudaLaunchKernelExC_ptsz", func, config->stream);
 }
 
+// What launch configuration code asks about a kernel (CUB's, for one). The simulated kernels are
+// all alike: 32 registers a thread, no static shared memory, up to 1024 threads a block.
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, const void* func) {
+  if (attr == nullptr) return finish(cudaErrorInvalidValue);
+  if (func == nullptr) return finish(cudaErrorInvalidDeviceFunction);
+  cudaFuncAttributes a;
+  std::memset(&a, 0, sizeof a);
+  a.maxThreadsPerBlock = 1024;
+  a.numRegs = 32;
+  a.ptxVersion = 90;
+  a.binaryVersion = 90;
+  a.maxDynamicSharedSizeBytes = 48 * 1024;
+  a.preferredShmemCarveout = -1;
+  *attr = a;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  if (func == nullptr) return finish(cudaErrorInvalidDeviceFunction);
+  if (attr < cudaFuncAttributeMaxDynamicSharedMemorySize || attr >= cudaFuncAttributeMax ||
+      value < 0) {
+    return finish(cudaErrorInvalidValue);
+  }
+  return cudaSuccess;
+}
+
+// 2048 threads and 32 blocks per multiprocessor, as on the GPUs simulated.
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* numBlocks, const void* func,
+                                                                   int blockSize, size_t,
+                                                                   unsigned int flags) {
+  if (numBlocks == nullptr || blockSize <= 0 || blockSize > 1024 || flags > 1) {
+    return finish(cudaErrorInvalidValue);
+  }
+  if (func == nullptr) return finish(cudaErrorInvalidDeviceFunction);
+  *numBlocks = std::min(32, 2048 / blockSize);
+  return cudaSuccess;
+}
+
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* numBlocks, const void* func,
+                                                          int blockSize, size_t dynamicSMemSize) {
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(numBlocks, func, blockSize,
+                                                                dynamicSMemSize, 0);
+}
+
 // nvcc's host stubs (CUDA 13) look the kernel up once, then launch it through these.
 cudaError_t __cudaGetKernel(cudaKernel_t* kernel, const void* func) {
   if (kernel == nullptr || func == nullptr) return finish(cudaErrorInvalidValue);
