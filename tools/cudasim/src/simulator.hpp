@@ -1380,22 +1380,9 @@ class simulator {
   // Misc
   // -------------------------------------------------------------------------------------------
 
-  /// True when `stream` is a live stream or a default stream.
-  bool valid_stream(int current, cudaStream_t stream) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return find_stream_locked(stream, current) != nullptr;
-  }
-
   /// The devices' name.
   std::string device_name() const {
     return fmt::format("gpumem simulated GPU ({})", format_bytes(settings_.memory));
-  }
-
-  /// cudaThreadExchangeStreamCaptureMode's check of the unsafe-call rules for a call the thread
-  /// is about to make (exported for calls outside the simulator, e.g. cudaMallocAsync stubs).
-  void check_unsafe(const char* call) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    check_unsafe_locked(call);
   }
 
   static constexpr std::size_t host_alignment = 4096;
