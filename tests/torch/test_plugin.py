@@ -55,6 +55,7 @@ def run(code, env=None, load_first=True):
     full_env.update(
         LD_PRELOAD=f"{CUDASIM}/libcudart.so.13:{CUDASIM}/libcuda.so.1",
         GPUMEM_SIM_MEMORY="16GiB",
+        GPUMEM_SIM_STRICT="abort",  # a violation of the GPU's rules fails the test
     )
     full_env.update(env or {})
     load = f"lib = ctypes.CDLL({PLUGIN!r})\n" if load_first else ""

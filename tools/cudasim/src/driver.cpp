@@ -1,11 +1,14 @@
-// gpumem CUDA simulator — libcuda.so.1: the CUDA driver API on the simulated device.
+// gpumem CUDA simulator — libcuda.so.1: the CUDA driver API on the simulated devices.
 //
 // This library owns the process-wide simulator (simulator.hpp), created on first use from the
-// GPUMEM_SIM_* environment, and exports it to the simulated libcudart.so.13 through
-// gpumemSimInternalInstance(). It implements the driver calls allocators use (device queries,
-// the primary context, cuMemAlloc/cuMemFree, the virtual memory management API, error strings,
-// cuGetProcAddress); every other function the real library exports is a stub (stubs.hpp) that
-// returns CUDA_ERROR_NOT_SUPPORTED. No C++ exception leaves an exported function.
+// GPUMEM_SIM_* environment, and the per-thread state both libraries use (the context stack, the
+// capture interaction mode), and exports them to the simulated libcudart.so.13 through
+// gpumemSimInternalInstance() and gpumemSimInternalThread(). It implements the driver calls
+// allocators use (device queries, primary contexts, cuMemAlloc/cuMemFree, the virtual memory
+// management API, peer access, kernel launches, error strings, cuGetProcAddress) and the
+// simulator's own functions (gpumem_cudasim.h); every other function the real library exports is
+// a stub (stubs.hpp) that returns CUDA_ERROR_NOT_SUPPORTED. No C++ exception leaves an exported
+// function.
 #include <dlfcn.h>
 
 #include <atomic>
@@ -27,10 +30,39 @@
 #undef cuMemFree
 #undef cuDevicePrimaryCtxRelease
 #undef cuGetProcAddress
+#undef cuCtxPushCurrent
+#undef cuCtxPopCurrent
+#undef cuStreamGetCaptureInfo
 
 extern "C" {
 CUresult cuDevicePrimaryCtxRelease(CUdevice dev);
 CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags);
+CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                             unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                             unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                             void** kernelParams, void** extra);
+CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f, void** kernelParams,
+                               void** extra);
+CUresult cuStreamGetCaptureInfo(CUstream hStream, CUstreamCaptureStatus* captureStatus_out,
+                                cuuint64_t* id_out);
+CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus* captureStatus_out,
+                                   cuuint64_t* id_out, CUgraph* graph_out,
+                                   const CUgraphNode** dependencies_out,
+                                   size_t* numDependencies_out);
+CUresult cuStreamSynchronize_ptsz(CUstream hStream);
+CUresult cuStreamQuery_ptsz(CUstream hStream);
+CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags);
+CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream);
+CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream, unsigned int flags);
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode);
+CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph* phGraph);
+CUresult cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus* captureStatus);
+CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream hStream, CUstreamCaptureStatus* captureStatus_out,
+                                        cuuint64_t* id_out, CUgraph* graph_out,
+                                        const CUgraphNode** dependencies_out,
+                                        const CUgraphEdgeData** edgeData_out,
+                                        size_t* numDependencies_out);
+CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream);
 }
 
 namespace gpumem::cudasim {
@@ -40,12 +72,7 @@ namespace {
 simulator* instance = nullptr;
 std::once_flag instance_once;
 std::atomic<bool> initialized{false};  // cuInit was called
-std::atomic<long> primary_retains{0};
-thread_local CUcontext current_context = nullptr;
-
-CUcontext primary_context() noexcept {
-  return reinterpret_cast<CUcontext>(std::uintptr_t{0x5e2000000000});
-}
+thread_local thread_state this_thread;
 
 simulator* get() noexcept {
   std::call_once(instance_once, [] {
@@ -53,10 +80,12 @@ simulator* get() noexcept {
       const settings s = read_settings();
       instance = new simulator(s);
       instance->log(fmt::format(
-          "started: GPUMEM_SIM_MEMORY={} ({} bytes), GPUMEM_SIM_EVENT_DELAY={}s, "
-          "GPUMEM_SIM_FAIL_NTH={}, GPUMEM_SIM_FAIL_ABOVE={}, GPUMEM_SIM_FAIL_PROBABILITY={}, "
-          "GPUMEM_SIM_SEED={}",
-          format_bytes(s.memory), s.memory, s.event_delay, s.faults.fail_nth_call,
+          "started: GPUMEM_SIM_DEVICES={}, GPUMEM_SIM_MEMORY={} ({} bytes), "
+          "GPUMEM_SIM_EVENT_DELAY={}s, GPUMEM_SIM_BANDWIDTH={}, GPUMEM_SIM_KERNEL_TIME={}s, "
+          "GPUMEM_SIM_STRICT={}, GPUMEM_SIM_FAIL_NTH={}, GPUMEM_SIM_FAIL_ABOVE={}, "
+          "GPUMEM_SIM_FAIL_PROBABILITY={}, GPUMEM_SIM_SEED={}",
+          s.devices, format_bytes(s.memory), s.memory, s.event_delay, s.bandwidth, s.kernel_time,
+          s.strict == strictness::abort ? "abort" : "off", s.faults.fail_nth_call,
           s.faults.fail_above_bytes, s.faults.fail_probability, s.faults.seed));
     } catch (const std::exception& e) {
       std::fprintf(stderr,
@@ -83,7 +112,7 @@ CUresult driver_call(const char* name, needs need, const Args& args, const Body&
     if (need != needs::nothing && !initialized.load(std::memory_order_acquire)) {
       throw cuda_error(not_initialized, "cuInit has not been called");
     }
-    if (need == needs::context && current_context == nullptr) {
+    if (need == needs::context && this_thread.current() == nullptr) {
       throw cuda_error(invalid_context, "no context is current on this thread");
     }
     return body(*sim);
@@ -94,21 +123,39 @@ void* as_pointer(CUdeviceptr p) noexcept {
   return reinterpret_cast<void*>(static_cast<std::uintptr_t>(p));
 }
 
-int check_device(CUdevice dev) noexcept {
-  return dev == 0 ? ok : invalid_device;
+int check_device(const simulator& sim, CUdevice dev) noexcept {
+  return sim.valid_device(dev) ? ok : invalid_device;
 }
 
-// An allocation property the simulated device supports: pinned memory on device 0.
-int check_prop(const CUmemAllocationProp* prop) noexcept {
+// The device of the current context (a context is current: needs::context).
+int context_device(const simulator& sim) {
+  const int d = sim.context_device(this_thread.current());
+  if (d < 0) throw cuda_error(invalid_context, "the current context is not a simulated one");
+  return d;
+}
+
+// The device of the current context, or the runtime's device when none is current.
+int current_device(const simulator& sim) noexcept {
+  const int d = sim.context_device(this_thread.current());
+  return d >= 0 ? d : this_thread.runtime_device;
+}
+
+// An allocation property the simulated devices support: pinned memory on one of them.
+int check_prop(const simulator& sim, const CUmemAllocationProp* prop) noexcept {
   if (prop == nullptr) return invalid_value;
   if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) return invalid_value;
   if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return invalid_value;
-  if (prop->location.id != 0) return invalid_device;
+  if (!sim.valid_device(prop->location.id)) return invalid_device;
   const auto handles = static_cast<unsigned>(prop->requestedHandleTypes);
   const auto known = static_cast<unsigned>(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) |
                      static_cast<unsigned>(CU_MEM_HANDLE_TYPE_FABRIC);
   if ((handles & ~known) != 0) return not_supported;
   return ok;
+}
+
+template <class T>
+const void* ptr(T* handle) noexcept {
+  return static_cast<const void*>(handle);
 }
 
 std::string hex(CUdeviceptr p) {
@@ -139,6 +186,34 @@ constexpr proc procs[] = {
     {"cuDevicePrimaryCtxGetState", 7000, "cuDevicePrimaryCtxGetState"},
     {"cuCtxGetCurrent", 4000, "cuCtxGetCurrent"},
     {"cuCtxSetCurrent", 4000, "cuCtxSetCurrent"},
+    {"cuCtxPushCurrent", 4000, "cuCtxPushCurrent_v2"},
+    {"cuCtxPopCurrent", 4000, "cuCtxPopCurrent_v2"},
+    {"cuCtxEnablePeerAccess", 4000, "cuCtxEnablePeerAccess"},
+    {"cuCtxDisablePeerAccess", 4000, "cuCtxDisablePeerAccess"},
+    {"cuDeviceCanAccessPeer", 4000, "cuDeviceCanAccessPeer"},
+    {"cuLaunchKernel", 4000, "cuLaunchKernel"},
+    {"cuLaunchKernelEx", 11060, "cuLaunchKernelEx"},
+    {"cuThreadExchangeStreamCaptureMode", 10010, "cuThreadExchangeStreamCaptureMode"},
+    {"cuCtxPushCurrent", 2000, "cuCtxPushCurrent"},  // the older ABIs: the stubs
+    {"cuCtxPopCurrent", 2000, "cuCtxPopCurrent"},
+    {"cuStreamSynchronize", 2000, "cuStreamSynchronize"},
+    {"cuStreamQuery", 2000, "cuStreamQuery"},
+    {"cuStreamWaitEvent", 3020, "cuStreamWaitEvent"},
+    {"cuEventRecord", 2000, "cuEventRecord"},
+    {"cuEventRecordWithFlags", 11010, "cuEventRecordWithFlags"},
+    {"cuEventQuery", 2000, "cuEventQuery"},
+    {"cuEventSynchronize", 2000, "cuEventSynchronize"},
+    {"cuStreamBeginCapture", 10000, "cuStreamBeginCapture"},
+    {"cuStreamBeginCapture", 10010, "cuStreamBeginCapture_v2"},
+    {"cuStreamEndCapture", 10000, "cuStreamEndCapture"},
+    {"cuStreamIsCapturing", 10000, "cuStreamIsCapturing"},
+    {"cuStreamGetCaptureInfo", 10010, "cuStreamGetCaptureInfo"},
+    {"cuStreamGetCaptureInfo", 11030, "cuStreamGetCaptureInfo_v2"},
+    {"cuStreamGetCaptureInfo", 12030, "cuStreamGetCaptureInfo_v3"},
+    {"cuGraphInstantiateWithFlags", 11040, "cuGraphInstantiateWithFlags"},
+    {"cuGraphLaunch", 10000, "cuGraphLaunch"},
+    {"cuGraphExecDestroy", 10000, "cuGraphExecDestroy"},
+    {"cuGraphDestroy", 10000, "cuGraphDestroy"},
     {"cuCtxGetDevice", 2000, "cuCtxGetDevice"},
     {"cuCtxGetDevice", 13000, "cuCtxGetDevice_v2"},
     {"cuCtxSynchronize", 2000, "cuCtxSynchronize"},
@@ -249,6 +324,10 @@ gpumem::cudasim::simulator* gpumemSimInternalInstance(void) {
   return get();
 }
 
+gpumem::cudasim::thread_state* gpumemSimInternalThread(void) {
+  return &this_thread;
+}
+
 int gpumemSimGetCounters(gpumemSimCounters* out, size_t size) {
   simulator* sim = get();
   if (out == nullptr || sim == nullptr) return -1;
@@ -271,6 +350,59 @@ int gpumemSimResetCounters(void) {
   } catch (...) {
     return -1;
   }
+}
+
+int gpumemSimGetDeviceCounters(int device, gpumemSimCounters* out, size_t size) {
+  simulator* sim = get();
+  if (out == nullptr || sim == nullptr || !sim->valid_device(device)) return -1;
+  try {
+    gpumemSimCounters c{};
+    sim->read_counters(c, device);
+    std::memcpy(out, &c, std::min(size, sizeof c));
+    return 0;
+  } catch (...) {
+    return -1;
+  }
+}
+
+int gpumemSimResetViolations(void) {
+  simulator* sim = get();
+  if (sim == nullptr) return -1;
+  try {
+    sim->reset_violations();
+    return 0;
+  } catch (...) {
+    return -1;
+  }
+}
+
+size_t gpumemSimGetLastViolation(char* buffer, size_t size) {
+  simulator* sim = get();
+  if (sim == nullptr) return 0;
+  try {
+    const std::string text = sim->last_violation();
+    if (buffer != nullptr && size > 0) {
+      const std::size_t n = std::min(text.size(), size - 1);
+      std::memcpy(buffer, text.data(), n);
+      buffer[n] = '\0';
+    }
+    return text.size();
+  } catch (...) {
+    return 0;
+  }
+}
+
+int gpumemSimLaunchWork(CUstream stream, const gpumemSimRange* ranges, size_t count,
+                        double seconds) {
+  simulator* sim = get();
+  if (sim == nullptr) return -1;
+  return call(
+      *sim, api::runtime, "gpumemSimLaunchWork",
+      [&] { return fmt::format("{}, ranges, {}, {}", static_cast<void*>(stream), count, seconds); },
+      [&]() -> int {
+        return sim->launch_work(current_device(*sim), reinterpret_cast<cudaStream_t>(stream),
+                                ranges, count, seconds);
+      });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -296,10 +428,10 @@ CUresult cuDriverGetVersion(int* driverVersion) {
 CUresult cuDeviceGet(CUdevice* device, int ordinal) {
   return driver_call(
       "cuDeviceGet", needs::init, [&] { return fmt::format("&device, {}", ordinal); },
-      [&](simulator&) -> int {
+      [&](simulator& sim) -> int {
         if (device == nullptr) return invalid_value;
-        if (ordinal != 0) return invalid_device;
-        *device = 0;
+        if (!sim.valid_device(ordinal)) return invalid_device;
+        *device = ordinal;
         return ok;
       });
 }
@@ -307,9 +439,9 @@ CUresult cuDeviceGet(CUdevice* device, int ordinal) {
 CUresult cuDeviceGetCount(int* count) {
   return driver_call(
       "cuDeviceGetCount", needs::init, [] { return std::string("&count"); },
-      [&](simulator&) -> int {
+      [&](simulator& sim) -> int {
         if (count == nullptr) return invalid_value;
-        *count = 1;
+        *count = sim.device_count();
         return ok;
       });
 }
@@ -319,7 +451,7 @@ CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
       "cuDeviceGetName", needs::init, [&] { return fmt::format("name, {}, {}", len, dev); },
       [&](simulator& sim) -> int {
         if (name == nullptr || len <= 0) return invalid_value;
-        if (check_device(dev) != ok) return invalid_device;
+        if (check_device(sim, dev) != ok) return invalid_device;
         const std::string text = sim.device_name();
         const std::size_t n = std::min(text.size(), static_cast<std::size_t>(len) - 1);
         std::memcpy(name, text.data(), n);
@@ -333,8 +465,8 @@ CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
       "cuDeviceTotalMem_v2", needs::init, [&] { return fmt::format("&bytes, {}", dev); },
       [&](simulator& sim) -> int {
         if (bytes == nullptr) return invalid_value;
-        if (check_device(dev) != ok) return invalid_device;
-        *bytes = sim.device().total_memory();
+        if (check_device(sim, dev) != ok) return invalid_device;
+        *bytes = sim.device(dev).total_memory();
         return ok;
       });
 }
@@ -343,25 +475,25 @@ CUresult cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevice dev) 
   return driver_call(
       "cuDeviceGetAttribute", needs::init,
       [&] { return fmt::format("&value, {}, {}", static_cast<int>(attrib), dev); },
-      [&](simulator&) -> int {
+      [&](simulator& sim) -> int {
         if (pi == nullptr) return invalid_value;
-        if (check_device(dev) != ok) return invalid_device;
-        return device_attribute(static_cast<int>(attrib), *pi) ? ok : invalid_value;
+        if (check_device(sim, dev) != ok) return invalid_device;
+        return device_attribute(static_cast<int>(attrib), *pi, dev) ? ok : invalid_value;
       });
 }
 
 // ---------------------------------------------------------------------------------------------
-// Contexts: one primary context on device 0
+// Contexts: one primary context per device
 // ---------------------------------------------------------------------------------------------
 
 CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
   return driver_call(
       "cuDevicePrimaryCtxRetain", needs::init, [&] { return fmt::format("&ctx, {}", dev); },
-      [&](simulator&) -> int {
+      [&](simulator& sim) -> int {
         if (pctx == nullptr) return invalid_value;
-        if (check_device(dev) != ok) return invalid_device;
-        primary_retains.fetch_add(1);
-        *pctx = primary_context();
+        if (check_device(sim, dev) != ok) return invalid_device;
+        sim.retain_primary(dev);
+        *pctx = simulator::primary_context(dev);
         return ok;
       });
 }
@@ -369,13 +501,9 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   return driver_call(
       "cuDevicePrimaryCtxRelease_v2", needs::init, [&] { return fmt::format("{}", dev); },
-      [&](simulator&) -> int {
-        if (check_device(dev) != ok) return invalid_device;
-        long n = primary_retains.load();
-        do {
-          if (n <= 0) return invalid_context;
-        } while (!primary_retains.compare_exchange_weak(n, n - 1));
-        return ok;
+      [&](simulator& sim) -> int {
+        if (check_device(sim, dev) != ok) return invalid_device;
+        return sim.release_primary(dev) ? ok : invalid_context;
       });
 }
 
@@ -387,11 +515,11 @@ CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags, int* acti
   return driver_call(
       "cuDevicePrimaryCtxGetState", needs::init,
       [&] { return fmt::format("{}, &flags, &active", dev); },
-      [&](simulator&) -> int {
+      [&](simulator& sim) -> int {
         if (flags == nullptr || active == nullptr) return invalid_value;
-        if (check_device(dev) != ok) return invalid_device;
+        if (check_device(sim, dev) != ok) return invalid_device;
         *flags = 0;
-        *active = primary_retains.load() > 0 ? 1 : 0;
+        *active = sim.primary_active(dev) ? 1 : 0;
         return ok;
       });
 }
@@ -401,7 +529,7 @@ CUresult cuCtxGetCurrent(CUcontext* pctx) {
       "cuCtxGetCurrent", needs::init, [] { return std::string("&ctx"); },
       [&](simulator&) -> int {
         if (pctx == nullptr) return invalid_value;
-        *pctx = current_context;
+        *pctx = this_thread.current();
         return ok;
       });
 }
@@ -409,9 +537,31 @@ CUresult cuCtxGetCurrent(CUcontext* pctx) {
 CUresult cuCtxSetCurrent(CUcontext ctx) {
   return driver_call(
       "cuCtxSetCurrent", needs::init, [&] { return fmt::format("{}", static_cast<void*>(ctx)); },
+      [&](simulator& sim) -> int {
+        if (ctx != nullptr && sim.context_device(ctx) < 0) return invalid_context;
+        this_thread.set_current(ctx);
+        return ok;
+      });
+}
+
+CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
+  return driver_call(
+      "cuCtxPushCurrent_v2", needs::init,
+      [&] { return fmt::format("{}", static_cast<void*>(ctx)); },
+      [&](simulator& sim) -> int {
+        if (ctx == nullptr || sim.context_device(ctx) < 0) return invalid_context;
+        this_thread.contexts.push_back(ctx);
+        return ok;
+      });
+}
+
+CUresult cuCtxPopCurrent_v2(CUcontext* pctx) {
+  return driver_call(
+      "cuCtxPopCurrent_v2", needs::init, [] { return std::string("&ctx"); },
       [&](simulator&) -> int {
-        if (ctx != nullptr && ctx != primary_context()) return invalid_context;
-        current_context = ctx;
+        if (this_thread.contexts.empty()) return invalid_context;
+        if (pctx != nullptr) *pctx = this_thread.contexts.back();
+        this_thread.contexts.pop_back();
         return ok;
       });
 }
@@ -419,9 +569,9 @@ CUresult cuCtxSetCurrent(CUcontext ctx) {
 CUresult cuCtxGetDevice(CUdevice* device) {
   return driver_call(
       "cuCtxGetDevice", needs::context, [] { return std::string("&device"); },
-      [&](simulator&) -> int {
+      [&](simulator& sim) -> int {
         if (device == nullptr) return invalid_value;
-        *device = 0;
+        *device = context_device(sim);
         return ok;
       });
 }
@@ -431,10 +581,11 @@ CUresult cuCtxGetDevice_v2(CUdevice* device, CUcontext ctx) {
   return driver_call(
       "cuCtxGetDevice_v2", needs::init,
       [&] { return fmt::format("&device, {}", static_cast<void*>(ctx)); },
-      [&](simulator&) -> int {
+      [&](simulator& sim) -> int {
         if (device == nullptr) return invalid_value;
-        if (ctx != primary_context()) return invalid_context;
-        *device = 0;
+        const int d = sim.context_device(ctx);
+        if (d < 0) return invalid_context;
+        *device = d;
         return ok;
       });
 }
@@ -442,7 +593,9 @@ CUresult cuCtxGetDevice_v2(CUdevice* device, CUcontext ctx) {
 CUresult cuCtxSynchronize(void) {
   return driver_call(
       "cuCtxSynchronize", needs::context, [] { return std::string(); },
-      [&](simulator& sim) -> int { return sim.synchronize_device(); });
+      [&](simulator& sim) -> int {
+        return sim.synchronize_device(context_device(sim), "cuCtxSynchronize");
+      });
 }
 
 CUresult cuCtxSynchronize_v2(CUcontext ctx) {
@@ -451,8 +604,49 @@ CUresult cuCtxSynchronize_v2(CUcontext ctx) {
       "cuCtxSynchronize_v2", needs::init,
       [&] { return fmt::format("{}", static_cast<void*>(ctx)); },
       [&](simulator& sim) -> int {
-        if (ctx != primary_context()) return invalid_context;
-        return sim.synchronize_device();
+        const int d = sim.context_device(ctx);
+        if (d < 0) return invalid_context;
+        return sim.synchronize_device(d, "cuCtxSynchronize_v2");
+      });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Peer access
+// ---------------------------------------------------------------------------------------------
+
+CUresult cuDeviceCanAccessPeer(int* canAccessPeer, CUdevice dev, CUdevice peerDev) {
+  return driver_call(
+      "cuDeviceCanAccessPeer", needs::init,
+      [&] { return fmt::format("&can, {}, {}", dev, peerDev); },
+      [&](simulator& sim) -> int {
+        if (canAccessPeer == nullptr) return invalid_value;
+        if (check_device(sim, dev) != ok || check_device(sim, peerDev) != ok) {
+          return invalid_device;
+        }
+        *canAccessPeer = dev != peerDev ? 1 : 0;
+        return ok;
+      });
+}
+
+CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags) {
+  return driver_call(
+      "cuCtxEnablePeerAccess", needs::context,
+      [&] { return fmt::format("{}, {}", static_cast<void*>(peerContext), Flags); },
+      [&](simulator& sim) -> int {
+        const int peer = sim.context_device(peerContext);
+        if (peer < 0) return invalid_context;
+        return sim.enable_peer_access(context_device(sim), peer, Flags);
+      });
+}
+
+CUresult cuCtxDisablePeerAccess(CUcontext peerContext) {
+  return driver_call(
+      "cuCtxDisablePeerAccess", needs::context,
+      [&] { return fmt::format("{}", static_cast<void*>(peerContext)); },
+      [&](simulator& sim) -> int {
+        const int peer = sim.context_device(peerContext);
+        if (peer < 0) return invalid_context;
+        return sim.disable_peer_access(context_device(sim), peer);
       });
 }
 
@@ -465,7 +659,7 @@ CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
       "cuMemGetInfo_v2", needs::context, [] { return std::string("&free, &total"); },
       [&](simulator& sim) -> int {
         if (free == nullptr || total == nullptr) return invalid_value;
-        return sim.memory_info(*free, *total);
+        return sim.memory_info(context_device(sim), *free, *total);
       });
 }
 
@@ -475,7 +669,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
       [&](simulator& sim) -> int {
         if (dptr == nullptr || bytesize == 0) return invalid_value;
         void* p = nullptr;
-        const int s = sim.allocate(p, bytesize);
+        const int s = sim.allocate(context_device(sim), p, bytesize, "cuMemAlloc");
         if (s == ok) *dptr = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p));
         return s;
       });
@@ -484,7 +678,9 @@ CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
 CUresult cuMemFree_v2(CUdeviceptr dptr) {
   return driver_call(
       "cuMemFree_v2", needs::context, [&] { return hex(dptr); },
-      [&](simulator& sim) -> int { return sim.free(as_pointer(dptr)); });
+      [&](simulator& sim) -> int {
+        return sim.free(context_device(sim), as_pointer(dptr), "cuMemFree");
+      });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -502,8 +698,8 @@ CUresult cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocatio
             option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) {
           return invalid_value;
         }
-        if (const int s = check_prop(prop); s != ok) return s;
-        *granularity = sim.device().granularity();
+        if (const int s = check_prop(sim, prop); s != ok) return s;
+        *granularity = sim.device(prop->location.id).granularity();
         return ok;
       });
 }
@@ -515,8 +711,10 @@ CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CU
       [&] { return fmt::format("&ptr, {}, {}, {}, {}", size, alignment, hex(addr), flags); },
       [&](simulator& sim) -> int {
         if (ptr == nullptr || flags != 0) return invalid_value;
-        // `addr` is a hint; the simulated device always chooses the address.
-        *ptr = static_cast<CUdeviceptr>(sim.device().reserve_address(size, alignment));
+        // `addr` is a hint; the simulated device always chooses the address, in the range of
+        // the current context's device (device 0 without one).
+        const int d = sim.context_device(this_thread.current());
+        *ptr = static_cast<CUdeviceptr>(sim.reserve_address(d >= 0 ? d : 0, size, alignment));
         return ok;
       });
 }
@@ -525,8 +723,7 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
   return driver_call(
       "cuMemAddressFree", needs::init, [&] { return fmt::format("{}, {}", hex(ptr), size); },
       [&](simulator& sim) -> int {
-        sim.device().free_address(static_cast<std::uintptr_t>(ptr), size);
-        return ok;
+        return sim.free_address(static_cast<std::uintptr_t>(ptr), size);
       });
 }
 
@@ -536,28 +733,25 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
       "cuMemCreate", needs::init, [&] { return fmt::format("&handle, {}, prop, {}", size, flags); },
       [&](simulator& sim) -> int {
         if (handle == nullptr || flags != 0) return invalid_value;
-        if (const int s = check_prop(prop); s != ok) return s;
-        const auto h = sim.device().create_physical(size);
-        if (h == gpumem::simulated_device::invalid_physical_handle) return out_of_memory;
-        *handle = static_cast<CUmemGenericAllocationHandle>(h);
-        return ok;
+        if (const int s = check_prop(sim, prop); s != ok) return s;
+        std::uint64_t h = 0;
+        const int s = sim.create_physical(prop->location.id, size, h);
+        if (s == ok) *handle = static_cast<CUmemGenericAllocationHandle>(h);
+        return s;
       });
 }
 
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   return driver_call(
-      "cuMemRelease", needs::init, [&] { return fmt::format("{}", handle); },
-      [&](simulator& sim) -> int {
-        sim.device().release_physical(handle);
-        return ok;
-      });
+      "cuMemRelease", needs::init, [&] { return fmt::format("{:#x}", handle); },
+      [&](simulator& sim) -> int { return sim.release_physical(handle); });
 }
 
 CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                   unsigned long long flags) {
   return driver_call(
       "cuMemMap", needs::init,
-      [&] { return fmt::format("{}, {}, {}, {}, {}", hex(ptr), size, offset, handle, flags); },
+      [&] { return fmt::format("{}, {}, {}, {:#x}, {}", hex(ptr), size, offset, handle, flags); },
       [&](simulator& sim) -> int {
         if (flags != 0) return invalid_value;
         // cuda.h: the offset "currently must be zero" (simulated_device itself accepts others).
@@ -565,18 +759,14 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
           throw gpumem::cuda_error(invalid_value,
                                    fmt::format("cuMemMap: offset {} must be 0", offset));
         }
-        sim.device().map(static_cast<std::uintptr_t>(ptr), size, offset, handle);
-        return ok;
+        return sim.map(static_cast<std::uintptr_t>(ptr), size, offset, handle);
       });
 }
 
 CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   return driver_call(
       "cuMemUnmap", needs::init, [&] { return fmt::format("{}, {}", hex(ptr), size); },
-      [&](simulator& sim) -> int {
-        sim.device().unmap(static_cast<std::uintptr_t>(ptr), size);
-        return ok;
-      });
+      [&](simulator& sim) -> int { return sim.unmap(static_cast<std::uintptr_t>(ptr), size); });
 }
 
 CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {
@@ -584,19 +774,245 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* des
       "cuMemSetAccess", needs::init,
       [&] { return fmt::format("{}, {}, desc, {}", hex(ptr), size, count); },
       [&](simulator& sim) -> int {
-        if (desc == nullptr || count == 0) return invalid_value;
-        for (size_t i = 0; i < count; ++i) {
-          if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE) return invalid_value;
-          if (desc[i].location.id != 0) return invalid_device;
-          if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_NONE) return not_supported;
-          if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
-              desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
-            return invalid_value;
-          }
+        return sim.set_access(static_cast<std::uintptr_t>(ptr), size, desc, count);
+      });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernels and capture
+// ---------------------------------------------------------------------------------------------
+
+CUresult cuLaunchKernel(CUfunction f, unsigned int, unsigned int, unsigned int, unsigned int,
+                        unsigned int, unsigned int, unsigned int, CUstream hStream, void**,
+                        void**) {
+  return driver_call(
+      "cuLaunchKernel", needs::context,
+      [&] {
+        return fmt::format("{}, ..., {}", static_cast<void*>(f), static_cast<void*>(hStream));
+      },
+      [&](simulator& sim) -> int {
+        if (f == nullptr) return invalid_handle;
+        return sim.launch_kernel(context_device(sim), hStream, "cuLaunchKernel");
+      });
+}
+
+CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                             unsigned int bx, unsigned int by, unsigned int bz, unsigned int shared,
+                             CUstream hStream, void** params, void** extra) {
+  return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, hStream, params, extra);
+}
+
+CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void**, void**) {
+  return driver_call(
+      "cuLaunchKernelEx", needs::context,
+      [&] { return fmt::format("config, {}", static_cast<void*>(f)); },
+      [&](simulator& sim) -> int {
+        if (config == nullptr) return invalid_value;
+        if (f == nullptr) return invalid_handle;
+        return sim.launch_kernel(context_device(sim), config->hStream, "cuLaunchKernelEx");
+      });
+}
+
+CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f, void** params,
+                               void** extra) {
+  return cuLaunchKernelEx(config, f, params, extra);
+}
+
+CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
+  return driver_call(
+      "cuThreadExchangeStreamCaptureMode", needs::nothing, [] { return std::string("&mode"); },
+      [&](simulator&) -> int {
+        if (mode == nullptr || *mode < CU_STREAM_CAPTURE_MODE_GLOBAL ||
+            *mode > CU_STREAM_CAPTURE_MODE_RELAXED) {
+          return invalid_value;
         }
-        sim.device().set_access(static_cast<std::uintptr_t>(ptr), size);
+        const auto previous = static_cast<CUstreamCaptureMode>(this_thread.capture_mode);
+        this_thread.capture_mode = static_cast<cudaStreamCaptureMode>(*mode);
+        *mode = previous;
         return ok;
       });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streams, events, capture and graphs: the runtime's, under the driver's names (a CUstream is a
+// cudaStream_t, a CUgraph a cudaGraph_t, ...); the null stream is the current context's legacy
+// stream, and the per-thread default stream is the legacy stream too.
+// ---------------------------------------------------------------------------------------------
+
+CUresult cuStreamSynchronize(CUstream hStream) {
+  return driver_call(
+      "cuStreamSynchronize", needs::context, [&] { return fmt::format("{}", ptr(hStream)); },
+      [&](simulator& sim) -> int {
+        return sim.synchronize_stream(context_device(sim), hStream, "cuStreamSynchronize");
+      });
+}
+CUresult cuStreamSynchronize_ptsz(CUstream hStream) {
+  return cuStreamSynchronize(hStream);
+}
+
+CUresult cuStreamQuery(CUstream hStream) {
+  return driver_call(
+      "cuStreamQuery", needs::context, [&] { return fmt::format("{}", ptr(hStream)); },
+      [&](simulator& sim) -> int {
+        return sim.query_stream(context_device(sim), hStream, "cuStreamQuery");
+      });
+}
+CUresult cuStreamQuery_ptsz(CUstream hStream) {
+  return cuStreamQuery(hStream);
+}
+
+CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) {
+  return driver_call(
+      "cuStreamWaitEvent", needs::context,
+      [&] { return fmt::format("{}, {}, {}", ptr(hStream), ptr(hEvent), Flags); },
+      [&](simulator& sim) -> int {
+        if ((Flags & ~static_cast<unsigned>(CU_EVENT_WAIT_EXTERNAL)) != 0) return invalid_value;
+        return sim.stream_wait_event(context_device(sim), hStream, hEvent, Flags);
+      });
+}
+CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags) {
+  return cuStreamWaitEvent(hStream, hEvent, Flags);
+}
+
+CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags) {
+  return driver_call(
+      "cuEventRecordWithFlags", needs::context,
+      [&] { return fmt::format("{}, {}, {}", ptr(hEvent), ptr(hStream), flags); },
+      [&](simulator& sim) -> int {
+        if ((flags & ~static_cast<unsigned>(CU_EVENT_RECORD_EXTERNAL)) != 0) return invalid_value;
+        return sim.record_event(context_device(sim), hEvent, hStream, flags);
+      });
+}
+CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream, unsigned int flags) {
+  return cuEventRecordWithFlags(hEvent, hStream, flags);
+}
+CUresult cuEventRecord(CUevent hEvent, CUstream hStream) {
+  return cuEventRecordWithFlags(hEvent, hStream, 0);
+}
+CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream) {
+  return cuEventRecordWithFlags(hEvent, hStream, 0);
+}
+
+CUresult cuEventQuery(CUevent hEvent) {
+  return driver_call(
+      "cuEventQuery", needs::context, [&] { return fmt::format("{}", ptr(hEvent)); },
+      [&](simulator& sim) -> int { return sim.query_event(hEvent); });
+}
+
+CUresult cuEventSynchronize(CUevent hEvent) {
+  return driver_call(
+      "cuEventSynchronize", needs::context, [&] { return fmt::format("{}", ptr(hEvent)); },
+      [&](simulator& sim) -> int { return sim.synchronize_event(hEvent); });
+}
+
+CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
+  return driver_call(
+      "cuStreamBeginCapture_v2", needs::context,
+      [&] { return fmt::format("{}, {}", ptr(hStream), static_cast<int>(mode)); },
+      [&](simulator& sim) -> int {
+        return sim.begin_capture(context_device(sim), hStream,
+                                 static_cast<cudaStreamCaptureMode>(mode));
+      });
+}
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode) {
+  return cuStreamBeginCapture_v2(hStream, mode);
+}
+
+CUresult cuStreamEndCapture(CUstream hStream, CUgraph* phGraph) {
+  return driver_call(
+      "cuStreamEndCapture", needs::context, [&] { return fmt::format("{}, &graph", ptr(hStream)); },
+      [&](simulator& sim) -> int {
+        return sim.end_capture(context_device(sim), hStream, phGraph);
+      });
+}
+CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph* phGraph) {
+  return cuStreamEndCapture(hStream, phGraph);
+}
+
+CUresult cuStreamGetCaptureInfo_v3(CUstream hStream, CUstreamCaptureStatus* captureStatus_out,
+                                   cuuint64_t* id_out, CUgraph* graph_out,
+                                   const CUgraphNode** dependencies_out,
+                                   const CUgraphEdgeData** edgeData_out,
+                                   size_t* numDependencies_out) {
+  return driver_call(
+      "cuStreamGetCaptureInfo_v3", needs::context,
+      [&] { return fmt::format("{}, &status, ...", ptr(hStream)); },
+      [&](simulator& sim) -> int {
+        if (captureStatus_out == nullptr) return invalid_value;
+        if (edgeData_out != nullptr && dependencies_out == nullptr) return invalid_value;
+        if (edgeData_out != nullptr) *edgeData_out = nullptr;  // no edge data: default edges
+        cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+        unsigned long long id = 0;
+        const int r =
+            sim.capture_info(context_device(sim), hStream, st, id_out != nullptr ? &id : nullptr,
+                             graph_out, dependencies_out, numDependencies_out);
+        *captureStatus_out = static_cast<CUstreamCaptureStatus>(st);
+        if (id_out != nullptr) *id_out = id;
+        return r;
+      });
+}
+CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream hStream, CUstreamCaptureStatus* captureStatus_out,
+                                        cuuint64_t* id_out, CUgraph* graph_out,
+                                        const CUgraphNode** dependencies_out,
+                                        const CUgraphEdgeData** edgeData_out,
+                                        size_t* numDependencies_out) {
+  return cuStreamGetCaptureInfo_v3(hStream, captureStatus_out, id_out, graph_out, dependencies_out,
+                                   edgeData_out, numDependencies_out);
+}
+CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus* captureStatus_out,
+                                   cuuint64_t* id_out, CUgraph* graph_out,
+                                   const CUgraphNode** dependencies_out,
+                                   size_t* numDependencies_out) {
+  return cuStreamGetCaptureInfo_v3(hStream, captureStatus_out, id_out, graph_out, dependencies_out,
+                                   nullptr, numDependencies_out);
+}
+CUresult cuStreamGetCaptureInfo(CUstream hStream, CUstreamCaptureStatus* captureStatus_out,
+                                cuuint64_t* id_out) {
+  return cuStreamGetCaptureInfo_v3(hStream, captureStatus_out, id_out, nullptr, nullptr, nullptr,
+                                   nullptr);
+}
+
+CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus* captureStatus) {
+  return cuStreamGetCaptureInfo_v3(hStream, captureStatus, nullptr, nullptr, nullptr, nullptr,
+                                   nullptr);
+}
+CUresult cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus* captureStatus) {
+  return cuStreamIsCapturing(hStream, captureStatus);
+}
+
+CUresult cuGraphInstantiateWithFlags(CUgraphExec* phGraphExec, CUgraph hGraph,
+                                     unsigned long long flags) {
+  return driver_call(
+      "cuGraphInstantiateWithFlags", needs::context,
+      [&] { return fmt::format("&exec, {}, {}", ptr(hGraph), flags); },
+      [&](simulator& sim) -> int {
+        if (phGraphExec == nullptr) return invalid_value;
+        return sim.instantiate(*phGraphExec, hGraph, flags);
+      });
+}
+
+CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
+  return driver_call(
+      "cuGraphLaunch", needs::context,
+      [&] { return fmt::format("{}, {}", ptr(hGraphExec), ptr(hStream)); },
+      [&](simulator& sim) -> int {
+        return sim.launch_graph(context_device(sim), hGraphExec, hStream);
+      });
+}
+CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
+  return cuGraphLaunch(hGraphExec, hStream);
+}
+
+CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) {
+  return driver_call(
+      "cuGraphExecDestroy", needs::init, [&] { return fmt::format("{}", ptr(hGraphExec)); },
+      [&](simulator& sim) -> int { return sim.destroy_exec(hGraphExec); });
+}
+
+CUresult cuGraphDestroy(CUgraph hGraph) {
+  return driver_call(
+      "cuGraphDestroy", needs::init, [&] { return fmt::format("{}", ptr(hGraph)); },
+      [&](simulator& sim) -> int { return sim.destroy_graph(hGraph); });
 }
 
 // ---------------------------------------------------------------------------------------------

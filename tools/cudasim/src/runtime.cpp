@@ -1,13 +1,15 @@
-// gpumem CUDA simulator — libcudart.so.13: the CUDA runtime API on the simulated device.
+// gpumem CUDA simulator — libcudart.so.13: the CUDA runtime API on the simulated devices.
 //
-// The runtime shares the simulator of the simulated libcuda.so.1 (gpumemSimInternalInstance) and,
-// like the real runtime, initialises the driver (cuInit) and makes the primary context current on
-// each thread that calls it. It implements the runtime calls allocators use: device memory,
-// device queries, streams, events, pinned host memory, copies, errors, driver entry points.
-// Every other function the real library exports is a stub (stubs.hpp) that returns
-// cudaErrorNotSupported. The last error is per thread and sticky as in CUDA: a failed call sets
-// it (cudaErrorNotReady, not an error, does not), a successful call leaves it, cudaGetLastError
-// returns and clears it. No C++ exception leaves an exported function.
+// The runtime shares the simulator of the simulated libcuda.so.1 (gpumemSimInternalInstance) and
+// its per-thread state (gpumemSimInternalThread) and, like the real runtime, initialises the
+// driver (cuInit) and makes the current device's primary context current on each thread that
+// calls it while none is. It implements the runtime calls allocators and PyTorch use: device
+// memory, devices and peer access, streams, events, pinned host memory, copies and fills, kernel
+// launches, stream capture and graphs, errors, driver entry points. Every other function the real
+// library exports is a stub (stubs.hpp) that returns cudaErrorNotSupported. The last error is per
+// thread and sticky as in CUDA: a failed call sets it (cudaErrorNotReady, not an error, does not),
+// a successful call leaves it, cudaGetLastError returns and clears it. No C++ exception leaves an
+// exported function.
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -22,28 +24,37 @@ namespace gpumem::cudasim {
 namespace {
 
 thread_local cudaError_t last_error = cudaSuccess;
-thread_local bool context_ready = false;
-thread_local cudaStreamCaptureMode capture_mode = cudaStreamCaptureModeGlobal;
 std::once_flag driver_once;
-std::atomic<unsigned> device_flags{0};
-CUcontext primary = nullptr;
+std::array<std::atomic<unsigned>, max_devices> device_flags{};
 
-// The simulator, with the driver initialised and the primary context current on this thread;
-// nullptr when the simulator cannot start.
+// Makes device `d`'s primary context current on this thread (retained once by the runtime).
+void bind_primary(simulator& sim, int d) {
+  sim.retain_primary_for_runtime(d);
+  gpumemSimInternalThread()->set_current(simulator::primary_context(d));
+}
+
+// The simulator, with the driver initialised and a context current on this thread (the primary
+// context of the thread's device when none was); nullptr when the simulator cannot start.
 simulator* runtime_instance() noexcept {
   simulator* sim = gpumemSimInternalInstance();
   if (sim == nullptr) return nullptr;
-  std::call_once(driver_once, [] {
-    if (cuInit(0) == CUDA_SUCCESS) (void)cuDevicePrimaryCtxRetain(&primary, 0);
-  });
-  if (!context_ready) {
-    CUcontext current = nullptr;
-    if (cuCtxGetCurrent(&current) == CUDA_SUCCESS && current == nullptr) {
-      (void)cuCtxSetCurrent(primary);
+  std::call_once(driver_once, [] { (void)cuInit(0); });
+  thread_state& t = *gpumemSimInternalThread();
+  if (t.current() == nullptr) {
+    try {
+      bind_primary(*sim, t.runtime_device);
+    } catch (...) {
+      return nullptr;
     }
-    context_ready = true;
   }
   return sim;
+}
+
+// The runtime's current device: the current context's.
+int cur(const simulator& sim) noexcept {
+  thread_state& t = *gpumemSimInternalThread();
+  const int d = sim.context_device(t.current());
+  return d >= 0 ? d : t.runtime_device;
 }
 
 cudaError_t finish(int result) noexcept {
@@ -60,8 +71,8 @@ cudaError_t runtime_call(const char* name, const Args& args, const Body& body) n
   return finish(call(*sim, api::runtime, name, args, [&]() -> int { return body(*sim); }));
 }
 
-int check_device(int device) noexcept {
-  return device == 0 ? ok : static_cast<int>(cudaErrorInvalidDevice);
+int check_device(const simulator& sim, int device) noexcept {
+  return sim.valid_device(device) ? ok : static_cast<int>(cudaErrorInvalidDevice);
 }
 
 const void* ptr(const void* p) noexcept {
@@ -82,7 +93,7 @@ cudaError_t memcpy_impl(const char* name, void* dst, const void* src, size_t cou
       name, [&] { return fmt::format("{}, {}, {}, {}", ptr(dst), src, count, int{kind}); },
       [&](simulator& sim) -> int {
         if (const int s = check_kind(kind); s != ok) return s;
-        return sim.copy(dst, src, count);
+        return sim.copy(cur(sim), dst, src, count, false, nullptr, name);
       });
 }
 
@@ -95,8 +106,7 @@ cudaError_t memcpy_async_impl(const char* name, void* dst, const void* src, size
       },
       [&](simulator& sim) -> int {
         if (const int s = check_kind(kind); s != ok) return s;
-        if (!sim.valid_stream(stream)) return invalid_handle;
-        return sim.copy(dst, src, count);
+        return sim.copy(cur(sim), dst, src, count, true, stream, name);
       });
 }
 
@@ -105,21 +115,21 @@ cudaError_t memset_impl(const char* name, void* dst, int value, size_t count,
   return runtime_call(
       name, [&] { return fmt::format("{}, {}, {}", ptr(dst), value, count); },
       [&](simulator& sim) -> int {
-        if (stream != nullptr && !sim.valid_stream(*stream)) return invalid_handle;
-        return sim.fill(dst, value, count);
+        return sim.fill(cur(sim), dst, value, count, stream != nullptr,
+                        stream != nullptr ? *stream : nullptr, name);
       });
 }
 
 cudaError_t stream_query_impl(const char* name, cudaStream_t stream) {
   return runtime_call(
       name, [&] { return fmt::format("{}", ptr(stream)); },
-      [&](simulator& sim) -> int { return sim.query_stream(stream); });
+      [&](simulator& sim) -> int { return sim.query_stream(cur(sim), stream, name); });
 }
 
 cudaError_t stream_synchronize_impl(const char* name, cudaStream_t stream) {
   return runtime_call(
       name, [&] { return fmt::format("{}", ptr(stream)); },
-      [&](simulator& sim) -> int { return sim.synchronize_stream(stream); });
+      [&](simulator& sim) -> int { return sim.synchronize_stream(cur(sim), stream, name); });
 }
 
 cudaError_t stream_capturing_impl(const char* name, cudaStream_t stream,
@@ -128,9 +138,7 @@ cudaError_t stream_capturing_impl(const char* name, cudaStream_t stream,
       name, [&] { return fmt::format("{}, &status", ptr(stream)); },
       [&](simulator& sim) -> int {
         if (status_out == nullptr) return invalid_value;
-        if (!sim.valid_stream(stream)) return invalid_handle;
-        *status_out = cudaStreamCaptureStatusNone;  // the simulator never captures
-        return ok;
+        return sim.capture_info(cur(sim), stream, *status_out, nullptr, nullptr, nullptr, nullptr);
       });
 }
 
@@ -143,14 +151,10 @@ cudaError_t capture_info_impl(const char* name, cudaStream_t stream,
       name, [&] { return fmt::format("{}, &status, ...", ptr(stream)); },
       [&](simulator& sim) -> int {
         if (status_out == nullptr) return invalid_value;
-        if (!sim.valid_stream(stream)) return invalid_handle;
-        *status_out = cudaStreamCaptureStatusNone;
-        if (id_out != nullptr) *id_out = 0;
-        if (graph_out != nullptr) *graph_out = nullptr;
-        if (dependencies_out != nullptr) *dependencies_out = nullptr;
-        if (edge_data_out != nullptr) *edge_data_out = nullptr;
-        if (num_dependencies_out != nullptr) *num_dependencies_out = 0;
-        return ok;
+        if (edge_data_out != nullptr && dependencies_out == nullptr) return invalid_value;
+        if (edge_data_out != nullptr) *edge_data_out = nullptr;  // no edge data: default edges
+        return sim.capture_info(cur(sim), stream, *status_out, id_out, graph_out, dependencies_out,
+                                num_dependencies_out);
       });
 }
 
@@ -160,7 +164,7 @@ cudaError_t stream_wait_event_impl(const char* name, cudaStream_t stream, cudaEv
       name, [&] { return fmt::format("{}, {}, {}", ptr(stream), ptr(event), flags); },
       [&](simulator& sim) -> int {
         if ((flags & ~static_cast<unsigned>(cudaEventWaitExternal)) != 0) return invalid_value;
-        return sim.stream_wait_event(stream, event);
+        return sim.stream_wait_event(cur(sim), stream, event, flags);
       });
 }
 
@@ -175,11 +179,12 @@ cudaError_t stream_info_impl(const char* name, cudaStream_t stream, unsigned* fl
         unsigned f = 0;
         int p = 0;
         std::uint64_t i = 0;
-        if (const int s = sim.stream_info(stream, f, p, i); s != ok) return s;
+        int d = 0;
+        if (const int s = sim.stream_info(cur(sim), stream, f, p, i, d); s != ok) return s;
         if (flags != nullptr) *flags = f;
         if (priority != nullptr) *priority = p;
         if (id != nullptr) *id = i;
-        if (device != nullptr) *device = 0;
+        if (device != nullptr) *device = d;
         return ok;
       });
 }
@@ -190,7 +195,7 @@ cudaError_t event_record_impl(const char* name, cudaEvent_t event, cudaStream_t 
       name, [&] { return fmt::format("{}, {}, {}", ptr(event), ptr(stream), flags); },
       [&](simulator& sim) -> int {
         if ((flags & ~static_cast<unsigned>(cudaEventRecordExternal)) != 0) return invalid_value;
-        return sim.record_event(event, stream);
+        return sim.record_event(cur(sim), event, stream, flags);
       });
 }
 
@@ -216,7 +221,44 @@ cudaError_t entry_point_impl(const char* name, const char* symbol, void** func, 
       });
 }
 
-// Kernel launch configurations pushed by nvcc's host stubs (never launched).
+cudaError_t launch_impl(const char* name, const void* func, cudaStream_t stream) {
+  return runtime_call(
+      name, [&] { return fmt::format("{}, ..., {}", func, ptr(stream)); },
+      [&](simulator& sim) -> int {
+        if (func == nullptr) return invalid_device_function;
+        return sim.launch_kernel(cur(sim), stream, name);
+      });
+}
+
+cudaError_t begin_capture_impl(const char* name, cudaStream_t stream, cudaStreamCaptureMode mode) {
+  return runtime_call(
+      name, [&] { return fmt::format("{}, {}", ptr(stream), static_cast<int>(mode)); },
+      [&](simulator& sim) -> int { return sim.begin_capture(cur(sim), stream, mode); });
+}
+
+cudaError_t end_capture_impl(const char* name, cudaStream_t stream, cudaGraph_t* graph) {
+  return runtime_call(
+      name, [&] { return fmt::format("{}, &graph", ptr(stream)); },
+      [&](simulator& sim) -> int { return sim.end_capture(cur(sim), stream, graph); });
+}
+
+cudaError_t instantiate_impl(const char* name, cudaGraphExec_t* exec, cudaGraph_t graph,
+                             unsigned long long flags) {
+  return runtime_call(
+      name, [&] { return fmt::format("&exec, {}, {}", ptr(graph), flags); },
+      [&](simulator& sim) -> int {
+        if (exec == nullptr) return invalid_value;
+        return sim.instantiate(*exec, graph, flags);
+      });
+}
+
+cudaError_t graph_launch_impl(const char* name, cudaGraphExec_t exec, cudaStream_t stream) {
+  return runtime_call(
+      name, [&] { return fmt::format("{}, {}", ptr(exec), ptr(stream)); },
+      [&](simulator& sim) -> int { return sim.launch_graph(cur(sim), exec, stream); });
+}
+
+// Kernel launch configurations pushed by nvcc's host stubs.
 struct launch_config {
   dim3 grid;
   dim3 block;
@@ -281,10 +323,24 @@ cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char* symbol, void** fun
                                                   unsigned int cudaVersion,
                                                   unsigned long long flags,
                                                   cudaDriverEntryPointQueryResult* driverStatus);
+cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t* pGraph);
+cudaError_t cudaGraphLaunch_ptsz(cudaGraphExec_t graphExec, cudaStream_t stream);
+cudaError_t cudaLaunchKernel_ptsz(const void* func, dim3 gridDim, dim3 blockDim, void** args,
+                                  size_t sharedMem, cudaStream_t stream);
+cudaError_t cudaLaunchKernelExC_ptsz(const cudaLaunchConfig_t* config, const void* func,
+                                     void** args);
+cudaError_t cudaLaunchCooperativeKernel_ptsz(const void* func, dim3 gridDim, dim3 blockDim,
+                                             void** args, size_t sharedMem, cudaStream_t stream);
+cudaError_t __cudaGetKernel(cudaKernel_t* kernel, const void* func);
+cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim, void** args,
+                               size_t sharedMem, cudaStream_t stream);
+cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim, void** args,
+                                    size_t sharedMem, cudaStream_t stream);
 
 // What nvcc-compiled programs call at load time to register their device code. The simulator
-// accepts the registration (so such programs start) but cannot run kernels: their launches return
-// cudaErrorNotSupported.
+// accepts the registration (so such programs start); their kernel launches are work that touches
+// nothing the simulator knows of (README.md, "Kernels").
 void** __cudaRegisterFatBinary(void* fatCubin);
 void __cudaRegisterFatBinaryEnd(void** fatCubinHandle);
 void __cudaUnregisterFatBinary(void** fatCubinHandle);
@@ -316,14 +372,14 @@ cudaError_t cudaMalloc(void** devPtr, size_t size) {
       "cudaMalloc", [&] { return fmt::format("&ptr, {}", size); },
       [&](simulator& sim) -> int {
         if (devPtr == nullptr) return invalid_value;
-        return sim.allocate(*devPtr, size);
+        return sim.allocate(cur(sim), *devPtr, size, "cudaMalloc");
       });
 }
 
 cudaError_t cudaFree(void* devPtr) {
   return runtime_call(
       "cudaFree", [&] { return fmt::format("{}", devPtr); },
-      [&](simulator& sim) -> int { return sim.free(devPtr); });
+      [&](simulator& sim) -> int { return sim.free(cur(sim), devPtr, "cudaFree"); });
 }
 
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
@@ -331,7 +387,7 @@ cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
       "cudaMemGetInfo", [] { return std::string("&free, &total"); },
       [&](simulator& sim) -> int {
         if (free == nullptr || total == nullptr) return invalid_value;
-        return sim.memory_info(*free, *total);
+        return sim.memory_info(cur(sim), *free, *total);
       });
 }
 
@@ -343,9 +399,9 @@ cudaError_t cudaGetDeviceCount(int* count) {
   if (count != nullptr) *count = 0;
   return runtime_call(
       "cudaGetDeviceCount", [] { return std::string("&count"); },
-      [&](simulator&) -> int {
+      [&](simulator& sim) -> int {
         if (count == nullptr) return invalid_value;
-        *count = 1;
+        *count = sim.device_count();
         return ok;
       });
 }
@@ -353,9 +409,9 @@ cudaError_t cudaGetDeviceCount(int* count) {
 cudaError_t cudaGetDevice(int* device) {
   return runtime_call(
       "cudaGetDevice", [] { return std::string("&device"); },
-      [&](simulator&) -> int {
+      [&](simulator& sim) -> int {
         if (device == nullptr) return invalid_value;
-        *device = 0;
+        *device = cur(sim);
         return ok;
       });
 }
@@ -363,21 +419,26 @@ cudaError_t cudaGetDevice(int* device) {
 cudaError_t cudaSetDevice(int device) {
   return runtime_call(
       "cudaSetDevice", [&] { return fmt::format("{}", device); },
-      [&](simulator&) -> int { return check_device(device); });
+      [&](simulator& sim) -> int {
+        if (const int s = check_device(sim, device); s != ok) return s;
+        gpumemSimInternalThread()->runtime_device = device;
+        bind_primary(sim, device);
+        return ok;
+      });
 }
 
 cudaError_t cudaInitDevice(int device, unsigned int deviceFlags, unsigned int flags) {
   return runtime_call(
       "cudaInitDevice", [&] { return fmt::format("{}, {}, {}", device, deviceFlags, flags); },
-      [&](simulator&) -> int { return check_device(device); });
+      [&](simulator& sim) -> int { return check_device(sim, device); });
 }
 
 cudaError_t cudaSetDeviceFlags(unsigned int flags) {
   return runtime_call(
       "cudaSetDeviceFlags", [&] { return fmt::format("{}", flags); },
-      [&](simulator&) -> int {
+      [&](simulator& sim) -> int {
         if ((flags & ~static_cast<unsigned>(cudaDeviceMask)) != 0) return invalid_value;
-        device_flags.store(flags);
+        device_flags[static_cast<std::size_t>(cur(sim))].store(flags);
         return ok;
       });
 }
@@ -385,9 +446,9 @@ cudaError_t cudaSetDeviceFlags(unsigned int flags) {
 cudaError_t cudaGetDeviceFlags(unsigned int* flags) {
   return runtime_call(
       "cudaGetDeviceFlags", [] { return std::string("&flags"); },
-      [&](simulator&) -> int {
+      [&](simulator& sim) -> int {
         if (flags == nullptr) return invalid_value;
-        *flags = device_flags.load();
+        *flags = device_flags[static_cast<std::size_t>(cur(sim))].load();
         return ok;
       });
 }
@@ -396,10 +457,10 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
   return runtime_call(
       "cudaDeviceGetAttribute",
       [&] { return fmt::format("&value, {}, {}", static_cast<int>(attr), device); },
-      [&](simulator&) -> int {
+      [&](simulator& sim) -> int {
         if (value == nullptr) return invalid_value;
-        if (const int s = check_device(device); s != ok) return s;
-        return device_attribute(static_cast<int>(attr), *value) ? ok : invalid_value;
+        if (const int s = check_device(sim, device); s != ok) return s;
+        return device_attribute(static_cast<int>(attr), *value, device) ? ok : invalid_value;
       });
 }
 
@@ -408,18 +469,19 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
       "cudaGetDeviceProperties", [&] { return fmt::format("&prop, {}", device); },
       [&](simulator& sim) -> int {
         if (prop == nullptr) return invalid_value;
-        if (const int s = check_device(device); s != ok) return s;
+        if (const int s = check_device(sim, device); s != ok) return s;
         cudaDeviceProp p;
         std::memset(&p, 0, sizeof p);
         const std::string name = sim.device_name();
         std::memcpy(p.name, name.data(), std::min(name.size(), sizeof p.name - 1));
-        constexpr char uuid[] = "gpumem-simulator";  // 16 characters
+        constexpr char uuid[] = "gpumem-simulator";  // 16 characters, the last one per device
         static_assert(sizeof uuid - 1 == sizeof p.uuid.bytes);
         std::memcpy(p.uuid.bytes, uuid, sizeof p.uuid.bytes);
-        p.totalGlobalMem = sim.device().total_memory();
-        const auto attr = [](cudaDeviceAttr a) {
+        p.uuid.bytes[sizeof p.uuid.bytes - 1] = static_cast<char>('0' + device % 64);
+        p.totalGlobalMem = sim.device(device).total_memory();
+        const auto attr = [device](cudaDeviceAttr a) {
           int v = 0;
-          (void)device_attribute(static_cast<int>(a), v);
+          (void)device_attribute(static_cast<int>(a), v, device);
           return v;
         };
         p.sharedMemPerBlock = static_cast<size_t>(attr(cudaDevAttrMaxSharedMemoryPerBlock));
@@ -484,18 +546,34 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
 cudaError_t cudaDeviceCanAccessPeer(int* canAccessPeer, int device, int peerDevice) {
   return runtime_call(
       "cudaDeviceCanAccessPeer", [&] { return fmt::format("&can, {}, {}", device, peerDevice); },
-      [&](simulator&) -> int {
+      [&](simulator& sim) -> int {
         if (canAccessPeer == nullptr) return invalid_value;
-        if (check_device(device) != ok || check_device(peerDevice) != ok) return invalid_device;
-        *canAccessPeer = 0;  // one device
+        if (check_device(sim, device) != ok || check_device(sim, peerDevice) != ok) {
+          return invalid_device;
+        }
+        *canAccessPeer = device != peerDevice ? 1 : 0;
         return ok;
       });
+}
+
+cudaError_t cudaDeviceEnablePeerAccess(int peerDevice, unsigned int flags) {
+  return runtime_call(
+      "cudaDeviceEnablePeerAccess", [&] { return fmt::format("{}, {}", peerDevice, flags); },
+      [&](simulator& sim) -> int { return sim.enable_peer_access(cur(sim), peerDevice, flags); });
+}
+
+cudaError_t cudaDeviceDisablePeerAccess(int peerDevice) {
+  return runtime_call(
+      "cudaDeviceDisablePeerAccess", [&] { return fmt::format("{}", peerDevice); },
+      [&](simulator& sim) -> int { return sim.disable_peer_access(cur(sim), peerDevice); });
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
   return runtime_call(
       "cudaDeviceSynchronize", [] { return std::string(); },
-      [&](simulator& sim) -> int { return sim.synchronize_device(); });
+      [&](simulator& sim) -> int {
+        return sim.synchronize_device(cur(sim), "cudaDeviceSynchronize");
+      });
 }
 
 cudaError_t cudaDriverGetVersion(int* driverVersion) {
@@ -520,7 +598,7 @@ cudaError_t cudaStreamCreateWithPriority(cudaStream_t* pStream, unsigned int fla
       [&] { return fmt::format("&stream, {}, {}", flags, priority); },
       [&](simulator& sim) -> int {
         if (pStream == nullptr) return invalid_value;
-        return sim.create_stream(*pStream, flags, priority);
+        return sim.create_stream(cur(sim), *pStream, flags, priority);
       });
 }
 
@@ -584,7 +662,7 @@ cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
             *mode > cudaStreamCaptureModeRelaxed) {
           return invalid_value;
         }
-        std::swap(*mode, capture_mode);
+        std::swap(*mode, gpumemSimInternalThread()->capture_mode);
         return ok;
       });
 }
@@ -641,7 +719,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
       "cudaEventCreateWithFlags", [&] { return fmt::format("&event, {}", flags); },
       [&](simulator& sim) -> int {
         if (event == nullptr) return invalid_value;
-        return sim.create_event(*event, flags);
+        return sim.create_event(cur(sim), *event, flags);
       });
 }
 
@@ -770,13 +848,13 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const vo
         void* base = nullptr;
         size_t size = 0;
         unsigned f = 0;
-        if (sim.device().is_device_pointer(ptr)) {
+        if (const int owner = sim.owner(ptr); owner >= 0) {
           a.type = cudaMemoryTypeDevice;
-          a.device = 0;
+          a.device = owner;
           a.devicePointer = const_cast<void*>(ptr);
         } else if (sim.find_host(ptr, base, size, f)) {
           a.type = cudaMemoryTypeHost;
-          a.device = 0;
+          a.device = cur(sim);
           a.devicePointer = const_cast<void*>(ptr);
           a.hostPointer = const_cast<void*>(ptr);
         } else {
@@ -817,6 +895,238 @@ cudaError_t cudaMemsetAsync(void* devPtr, int value, size_t count, cudaStream_t 
 }
 cudaError_t cudaMemsetAsync_ptsz(void* devPtr, int value, size_t count, cudaStream_t stream) {
   return memset_impl("cudaMemsetAsync_ptsz", devPtr, value, count, &stream);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Peer copies
+// ---------------------------------------------------------------------------------------------
+
+cudaError_t cudaMemcpyPeer(void* dst, int dstDevice, const void* src, int srcDevice, size_t count) {
+  return runtime_call(
+      "cudaMemcpyPeer",
+      [&] { return fmt::format("{}, {}, {}, {}, {}", dst, dstDevice, src, srcDevice, count); },
+      [&](simulator& sim) -> int {
+        return sim.copy_peer(cur(sim), dst, dstDevice, src, srcDevice, count, false, nullptr,
+                             "cudaMemcpyPeer");
+      });
+}
+
+cudaError_t cudaMemcpyPeerAsync(void* dst, int dstDevice, const void* src, int srcDevice,
+                                size_t count, cudaStream_t stream) {
+  return runtime_call(
+      "cudaMemcpyPeerAsync",
+      [&] {
+        return fmt::format("{}, {}, {}, {}, {}, {}", dst, dstDevice, src, srcDevice, count,
+                           ptr(stream));
+      },
+      [&](simulator& sim) -> int {
+        return sim.copy_peer(cur(sim), dst, dstDevice, src, srcDevice, count, true, stream,
+                             "cudaMemcpyPeerAsync");
+      });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernel launches: work of GPUMEM_SIM_KERNEL_TIME whose memory effects are unknown
+// ---------------------------------------------------------------------------------------------
+
+cudaError_t cudaLaunchKernel(const void* func, dim3, dim3, void**, size_t, cudaStream_t stream) {
+  return launch_impl("cudaLaunchKernel", func, stream);
+}
+cudaError_t cudaLaunchKernel_ptsz(const void* func, dim3, dim3, void**, size_t,
+                                  cudaStream_t stream) {
+  return launch_impl("cudaLaunchKernel_ptsz", func, stream);
+}
+cudaError_t cudaLaunchCooperativeKernel(const void* func, dim3, dim3, void**, size_t,
+                                        cudaStream_t stream) {
+  return launch_impl("cudaLaunchCooperativeKernel", func, stream);
+}
+cudaError_t cudaLaunchCooperativeKernel_ptsz(const void* func, dim3, dim3, void**, size_t,
+                                             cudaStream_t stream) {
+  return launch_impl("cudaLaunchCooperativeKernel_ptsz", func, stream);
+}
+cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* config, const void* func, void**) {
+  if (config == nullptr) return finish(cudaErrorInvalidValue);
+  return launch_impl("cudaLaunchKernelExC", func, config->stream);
+}
+cudaError_t cudaLaunchKernelExC_ptsz(const cudaLaunchConfig_t* config, const void* func, void**) {
+  if (config == nullptr) return finish(cudaErrorInvalidValue);
+  return launch_impl("cudaLaunchKernelExC_ptsz", func, config->stream);
+}
+
+// What launch configuration code asks about a kernel (CUB's, for one). The simulated kernels are
+// all alike: 32 registers a thread, no static shared memory, up to 1024 threads a block.
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, const void* func) {
+  if (attr == nullptr) return finish(cudaErrorInvalidValue);
+  if (func == nullptr) return finish(cudaErrorInvalidDeviceFunction);
+  cudaFuncAttributes a;
+  std::memset(&a, 0, sizeof a);
+  a.maxThreadsPerBlock = 1024;
+  a.numRegs = 32;
+  a.ptxVersion = 90;
+  a.binaryVersion = 90;
+  a.maxDynamicSharedSizeBytes = 48 * 1024;
+  a.preferredShmemCarveout = -1;
+  *attr = a;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  if (func == nullptr) return finish(cudaErrorInvalidDeviceFunction);
+  if (attr < cudaFuncAttributeMaxDynamicSharedMemorySize || attr >= cudaFuncAttributeMax ||
+      value < 0) {
+    return finish(cudaErrorInvalidValue);
+  }
+  return cudaSuccess;
+}
+
+// 2048 threads and 32 blocks per multiprocessor, as on the GPUs simulated.
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* numBlocks, const void* func,
+                                                                   int blockSize, size_t,
+                                                                   unsigned int flags) {
+  if (numBlocks == nullptr || blockSize <= 0 || blockSize > 1024 || flags > 1) {
+    return finish(cudaErrorInvalidValue);
+  }
+  if (func == nullptr) return finish(cudaErrorInvalidDeviceFunction);
+  *numBlocks = std::min(32, 2048 / blockSize);
+  return cudaSuccess;
+}
+
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* numBlocks, const void* func,
+                                                          int blockSize, size_t dynamicSMemSize) {
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(numBlocks, func, blockSize,
+                                                                dynamicSMemSize, 0);
+}
+
+// nvcc's host stubs (CUDA 13) look the kernel up once, then launch it through these.
+cudaError_t __cudaGetKernel(cudaKernel_t* kernel, const void* func) {
+  if (kernel == nullptr || func == nullptr) return finish(cudaErrorInvalidValue);
+  *kernel = reinterpret_cast<cudaKernel_t>(const_cast<void*>(func));
+  return cudaSuccess;
+}
+cudaError_t cudaGetKernel(cudaKernel_t* kernel, const void* func) {
+  return __cudaGetKernel(kernel, func);
+}
+cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3, dim3, void**, size_t,
+                               cudaStream_t stream) {
+  return launch_impl("__cudaLaunchKernel", kernel, stream);
+}
+cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3, dim3, void**, size_t,
+                                    cudaStream_t stream) {
+  return launch_impl("__cudaLaunchKernel_ptsz", kernel, stream);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stream capture
+// ---------------------------------------------------------------------------------------------
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
+  return begin_capture_impl("cudaStreamBeginCapture", stream, mode);
+}
+cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream, cudaStreamCaptureMode mode) {
+  return begin_capture_impl("cudaStreamBeginCapture_ptsz", stream, mode);
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
+  return end_capture_impl("cudaStreamEndCapture", stream, pGraph);
+}
+cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t* pGraph) {
+  return end_capture_impl("cudaStreamEndCapture_ptsz", stream, pGraph);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Graphs
+// ---------------------------------------------------------------------------------------------
+
+cudaError_t cudaGraphCreate(cudaGraph_t* pGraph, unsigned int flags) {
+  return runtime_call(
+      "cudaGraphCreate", [&] { return fmt::format("&graph, {}", flags); },
+      [&](simulator& sim) -> int {
+        if (pGraph == nullptr) return invalid_value;
+        return sim.create_graph(*pGraph, flags);
+      });
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  return runtime_call(
+      "cudaGraphDestroy", [&] { return fmt::format("{}", ptr(graph)); },
+      [&](simulator& sim) -> int { return sim.destroy_graph(graph); });
+}
+
+cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t* nodes, size_t* numNodes) {
+  return runtime_call(
+      "cudaGraphGetNodes", [&] { return fmt::format("{}, nodes, &count", ptr(graph)); },
+      [&](simulator& sim) -> int {
+        if (numNodes == nullptr) return invalid_value;
+        return sim.graph_nodes(graph, nodes, *numNodes);
+      });
+}
+
+cudaError_t cudaGraphNodeGetDependencies(cudaGraphNode_t node, cudaGraphNode_t* pDependencies,
+                                         cudaGraphEdgeData* edgeData, size_t* pNumDependencies) {
+  return runtime_call(
+      "cudaGraphNodeGetDependencies", [&] { return fmt::format("{}, deps, edges, &n", ptr(node)); },
+      [&](simulator& sim) -> int {
+        if (pNumDependencies == nullptr) return invalid_value;
+        if (edgeData != nullptr && pDependencies == nullptr) return invalid_value;
+        const int s = sim.node_dependencies(node, pDependencies, *pNumDependencies);
+        if (s == ok && edgeData != nullptr) {
+          for (size_t i = 0; i < *pNumDependencies; ++i) edgeData[i] = cudaGraphEdgeData{};
+        }
+        return s;
+      });
+}
+
+cudaError_t cudaGraphDebugDotPrint(cudaGraph_t graph, const char* path, unsigned int flags) {
+  return runtime_call(
+      "cudaGraphDebugDotPrint",
+      [&] { return fmt::format("{}, {}, {}", ptr(graph), path ? path : "null", flags); },
+      [&](simulator& sim) -> int { return sim.dot_print(graph, path); });
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* pGraphExec, cudaGraph_t graph,
+                                 unsigned long long flags) {
+  return instantiate_impl("cudaGraphInstantiate", pGraphExec, graph, flags);
+}
+
+cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t* pGraphExec, cudaGraph_t graph,
+                                          unsigned long long flags) {
+  return instantiate_impl("cudaGraphInstantiateWithFlags", pGraphExec, graph, flags);
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec) {
+  return runtime_call(
+      "cudaGraphExecDestroy", [&] { return fmt::format("{}", ptr(graphExec)); },
+      [&](simulator& sim) -> int { return sim.destroy_exec(graphExec); });
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream) {
+  return graph_launch_impl("cudaGraphLaunch", graphExec, stream);
+}
+cudaError_t cudaGraphLaunch_ptsz(cudaGraphExec_t graphExec, cudaStream_t stream) {
+  return graph_launch_impl("cudaGraphLaunch_ptsz", graphExec, stream);
+}
+
+// No graph allocates memory on the simulator (no memory nodes): every figure is 0.
+cudaError_t cudaDeviceGetGraphMemAttribute(int device, cudaGraphMemAttributeType attr,
+                                           void* value) {
+  return runtime_call(
+      "cudaDeviceGetGraphMemAttribute",
+      [&] { return fmt::format("{}, {}, &value", device, static_cast<int>(attr)); },
+      [&](simulator& sim) -> int {
+        if (value == nullptr) return invalid_value;
+        if (const int s = check_device(sim, device); s != ok) return s;
+        if (attr != cudaGraphMemAttrUsedMemCurrent && attr != cudaGraphMemAttrUsedMemHigh &&
+            attr != cudaGraphMemAttrReservedMemCurrent && attr != cudaGraphMemAttrReservedMemHigh) {
+          return invalid_value;
+        }
+        *static_cast<std::uint64_t*>(value) = 0;
+        return ok;
+      });
+}
+
+cudaError_t cudaDeviceGraphMemTrim(int device) {
+  return runtime_call(
+      "cudaDeviceGraphMemTrim", [&] { return fmt::format("{}", device); },
+      [&](simulator& sim) -> int { return check_device(sim, device); });
 }
 
 // ---------------------------------------------------------------------------------------------
