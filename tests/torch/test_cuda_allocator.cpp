@@ -469,6 +469,48 @@ TEST_F(Installed, ReleasingAPoolNeverThrowsAndSaysWhatWentWrong) {
   EXPECT_EQ(c10_alloc::getPoolUseCount(0, id), 0);
 }
 
+TEST_F(Installed, NestedPoolsAllocateIntoTheMostRecentlyBegun) {
+  const auto outer = next_pool_id();
+  const auto inner = next_pool_id();
+  const auto side_pool = next_pool_id();
+  c10_alloc::get()->createOrIncrefPool(0, outer);  // made first, begun first
+  c10_alloc::get()->createOrIncrefPool(0, inner);
+  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool();
+  const cudaStream_t side_stream = side.stream();
+  c10_alloc::beginAllocateToPool(0, outer, all_streams);
+  void* a = c10_alloc::raw_alloc(MiB);
+  c10_alloc::beginAllocateToPool(0, inner, all_streams);
+  void* b = c10_alloc::raw_alloc(MiB);
+  // Begun later but only for the side stream: the other streams' allocations stay in `inner`.
+  c10_alloc::beginAllocateToPool(0, side_pool,
+                                 [side_stream](cudaStream_t s) { return s == side_stream; });
+  void* c = c10_alloc::raw_alloc(MiB);
+  void* d = c10_alloc::raw_alloc_with_stream(MiB, side_stream);
+  c10_alloc::endAllocateToPool(0, side_pool);
+  c10_alloc::endAllocateToPool(0, inner);
+  void* e = c10_alloc::raw_alloc(MiB);
+  c10_alloc::endAllocateToPool(0, outer);
+  void* f = c10_alloc::raw_alloc(MiB);
+  // Ended out of order (two threads' contexts): the one still begun keeps its allocations.
+  c10_alloc::beginAllocateToPool(0, outer, all_streams);
+  c10_alloc::beginAllocateToPool(0, inner, all_streams);
+  c10_alloc::endAllocateToPool(0, outer);
+  void* g = c10_alloc::raw_alloc(MiB);
+  c10_alloc::endAllocateToPool(0, inner);
+  EXPECT_TRUE(c10_alloc::checkPoolLiveAllocations(0, outer, {a, e}));
+  EXPECT_TRUE(c10_alloc::checkPoolLiveAllocations(0, inner, {b, c, g}));
+  EXPECT_TRUE(c10_alloc::checkPoolLiveAllocations(0, side_pool, {d}));
+  EXPECT_TRUE(a_->default_pool(0).owns(f));
+  for (void* p : {a, b, c, d, e, f, g}) c10_alloc::raw_delete(p);
+  for (const auto& id : {outer, inner, side_pool}) {
+    while (c10_alloc::getPoolUseCount(0, id) > 0) c10_alloc::releasePool(0, id);
+  }
+  c10_alloc::emptyCache();
+  for (const auto& id : {outer, inner, side_pool}) {
+    EXPECT_TRUE(c10_alloc::snapshot(id).segments.empty());
+  }
+}
+
 TEST_F(Installed, OutOfMemoryReturnsTheCacheOfDeadPoolsAndTriesAgain) {
   const auto id = next_pool_id();  // a CUDA graph's pool, say, after the graph was reset
   c10_alloc::beginAllocateToPool(0, id, all_streams);

@@ -3,7 +3,8 @@
 // asks PyTorch's allocator keeps working: torch.cuda.memory_stats / memory_summary /
 // max_memory_reserved / empty_cache / set_per_process_memory_fraction, snapshots and memory
 // history, cudnn.benchmark's cacheInfo, ProcessGroupNCCL's segment registration (trace trackers),
-// CUDA-graph private pools, torch.cuda.MemPool / use_mem_pool and IPC (classic policy).
+// CUDA-graph private pools, torch.cuda.MemPool / use_mem_pool (nested too) and IPC (classic
+// policy).
 //
 //   gpumem::torch::install();                          // before the first CUDA tensor
 //   gpumem::torch::install("policy:stitch,max_split_size_mb:256");
@@ -212,9 +213,13 @@ struct device_state {
   std::once_flag created;
   std::unique_ptr<device_allocator> main;
   allocator_config config;  // what main and the pools run (classic where VMM is missing)
-  std::mutex pools_mutex;
+  std::mutex pools_mutex;   // pools and active
   std::vector<std::unique_ptr<private_pool>> pools;
-  std::atomic<int> allocating_to_pools{0};  // pools with a filter set (a capture under way)
+  // The pools being allocated to (a filter set), in the order beginAllocateToPool was called: an
+  // allocation goes to the newest whose filter takes its stream, as in PyTorch, so that nested
+  // torch.cuda.use_mem_pool contexts allocate into the innermost pool.
+  std::vector<private_pool*> active;
+  std::atomic<int> allocating_to_pools{0};  // active.size(), read without the lock
 };
 
 }  // namespace detail
@@ -414,8 +419,9 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
 #endif
 
   /// From now until endAllocateToPool, allocations on `device` whose stream `filter` takes go to
-  /// pool `id` (created if new; one more use of it). Throws c10::Error when `id` is already being
-  /// allocated to.
+  /// pool `id` (created if new; one more use of it), unless a pool begun later takes them too: the
+  /// most recently begun pool wins, as in PyTorch (CUDA-graph capture, torch.cuda.use_mem_pool,
+  /// nested or on several threads). Throws c10::Error when `id` is already being allocated to.
   void beginAllocateToPool(c10::DeviceIndex device, mempool_id id,
                            std::function<bool(cudaStream_t)> filter) override {
     TORCH_CHECK(filter, "gpumem: beginAllocateToPool for pool (", id.first, ", ", id.second,
@@ -425,6 +431,7 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     detail::private_pool* p = find_pool(s, id);
     TORCH_CHECK(p == nullptr || !p->filter, "gpumem: beginAllocateToPool for pool (", id.first,
                 ", ", id.second, ") while it is already being allocated to");
+    s.active.reserve(s.active.size() + 1);  // nothing below throws once the pool is counted
     if (p == nullptr) {
       p = &make_pool(s, id);
     } else {
@@ -432,7 +439,8 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     }
     p->fresh = false;
     p->filter = std::move(filter);
-    s.allocating_to_pools.fetch_add(1, std::memory_order_release);
+    s.active.push_back(p);
+    s.allocating_to_pools.store(static_cast<int>(s.active.size()), std::memory_order_release);
   }
 
   /// Ends beginAllocateToPool(device, id, ...) (the use it added stays until releasePool). Throws
@@ -444,7 +452,8 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     TORCH_CHECK(p != nullptr && p->filter, "gpumem: endAllocateToPool for pool (", id.first, ", ",
                 id.second, ") that is not being allocated to");
     p->filter = nullptr;
-    s.allocating_to_pools.fetch_sub(1, std::memory_order_release);
+    s.active.erase(std::find(s.active.begin(), s.active.end(), p));
+    s.allocating_to_pools.store(static_cast<int>(s.active.size()), std::memory_order_release);
   }
 
   /// Drops one use of pool `id` (MemPool's destructor, CUDAGraph::reset, the end of
@@ -878,17 +887,17 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     return ptr;
   }
 
-  // Allocates in the first pool being allocated to whose filter takes `stream`, else in the
-  // default pool.
+  // Allocates where PyTorch would: in the most recently begun pool being allocated to whose
+  // filter takes `stream`, else in the default pool.
   void* allocate_routed(detail::device_state& s, std::size_t nbytes, cudaStream_t stream) {
     if (s.allocating_to_pools.load(std::memory_order_acquire) == 0) {
       return s.main->allocate(nbytes, stream);
     }
     std::unique_lock<std::mutex> pools_lock(s.pools_mutex);  // keeps the pool alive meanwhile
     device_allocator* a = nullptr;
-    for (auto& p : s.pools) {
-      if (p->filter && p->filter(stream)) {
-        a = p->allocator.get();
+    for (auto it = s.active.rbegin(); it != s.active.rend(); ++it) {
+      if ((*it)->filter(stream)) {
+        a = (*it)->allocator.get();
         break;
       }
     }
