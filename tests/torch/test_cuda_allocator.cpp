@@ -6,6 +6,7 @@
 // program once per policy); GPUMEM_TORCH_TEST_MODE=too_late runs only the installation-order test.
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -355,6 +356,187 @@ TEST_F(Installed, PrivatePoolsServeOnlyTheirStreamsAndAreReleased) {
   c10_alloc::emptyCache();
   EXPECT_EQ(sim().bytes_in_use, before.bytes_in_use);  // the pool's memory went back
   EXPECT_THROW(c10_alloc::endAllocateToPool(0, pool), c10::Error);
+}
+
+// --- torch.cuda.MemPool and use_mem_pool
+// -----------------------------------------------------------
+
+// A new pool id, as at::cuda::MemPool makes (user-created pools have first == 0).
+c10::cuda::MempoolId_t next_pool_id() {
+  static std::atomic<decltype(c10::cuda::MempoolId_t{}.second)> next{1u << 20};
+  return {0, next++};
+}
+
+// What at::cuda::MemPool's destructor calls (torch 2.11, aten/src/ATen/cuda/MemPool.cpp). It runs
+// in a destructor: an exception from any of these ends the program. The pool calls go through
+// c10_alloc::get(), whose virtual functions every supported torch has.
+void destroy_mempool(c10::cuda::MempoolId_t id) {
+#if GPUMEM_TORCH_AT_LEAST(2, 11)
+  c10_alloc::get()->setUseOnOOM(0, id, false);
+#endif
+  c10_alloc::releasePool(0, id);
+  c10_alloc::get()->emptyCache(id);
+}
+
+bool all_streams(cudaStream_t) {
+  return true;
+}
+
+TEST_F(Installed, AMemPoolIsMadeUsedAndDestroyedAsPyTorchDoes) {
+  const gpumemSimCounters before = sim();
+  const auto id = next_pool_id();
+  c10_alloc::get()->createOrIncrefPool(0, id);  // MemPool()
+  EXPECT_EQ(c10_alloc::getPoolUseCount(0, id), 1);
+  c10_alloc::beginAllocateToPool(0, id, all_streams);  // with torch.cuda.use_mem_pool(pool):
+  EXPECT_EQ(c10_alloc::getPoolUseCount(0, id), 2);
+  void* p = c10_alloc::raw_alloc(4 * MiB);
+  c10_alloc::endAllocateToPool(0, id);
+  c10_alloc::releasePool(0, id);
+  EXPECT_EQ(c10_alloc::getPoolUseCount(0, id), 1);
+  EXPECT_FALSE(a_->default_pool(0).owns(p));
+  EXPECT_TRUE(c10_alloc::checkPoolLiveAllocations(0, id, {p}));
+  EXPECT_NO_THROW(destroy_mempool(id));  // del pool, while the pool still holds p
+  EXPECT_EQ(c10_alloc::getPoolUseCount(0, id), 0);
+  EXPECT_TRUE(c10_alloc::checkPoolLiveAllocations(0, id, {p}));  // p stays valid
+  c10_alloc::raw_delete(p);
+  EXPECT_FALSE(c10_alloc::snapshot(id).segments.empty());  // cached by the dead pool
+  c10_alloc::emptyCache();                                 // torch.cuda.empty_cache()
+  EXPECT_TRUE(c10_alloc::snapshot(id).segments.empty());
+  EXPECT_EQ(sim().bytes_in_use, before.bytes_in_use);
+  // A pool destroyed empty gives its memory back at once.
+  const auto empty = next_pool_id();
+  c10_alloc::get()->createOrIncrefPool(0, empty);
+  c10_alloc::beginAllocateToPool(0, empty, all_streams);
+  c10_alloc::raw_delete(c10_alloc::raw_alloc(4 * MiB));
+  c10_alloc::endAllocateToPool(0, empty);
+  c10_alloc::releasePool(0, empty);
+  EXPECT_NO_THROW(destroy_mempool(empty));
+  EXPECT_EQ(sim().bytes_in_use, before.bytes_in_use);
+}
+
+TEST_F(Installed, MemPoolOptionsGpumemCannotHonourAreRefusedWhenThePoolIsMade) {
+  auto refusal = [](auto&& call) {
+    try {
+      call();
+      return std::string("no error");
+    } catch (const c10::Error& e) {
+      return std::string(e.what());
+    }
+  };
+#if GPUMEM_TORCH_AT_LEAST(2, 11)
+  auto use_on_oom = [](c10::cuda::MempoolId_t id) { c10_alloc::get()->setUseOnOOM(0, id, true); };
+#else
+  auto use_on_oom = [](c10::cuda::MempoolId_t id) { c10_alloc::get()->setUseOnOOM(0, id); };
+#endif
+  // MemPool(use_on_oom=True): the constructor throws, so no destructor will release the pool that
+  // createOrIncrefPool made; the refusal undoes it.
+  const auto id = next_pool_id();
+  c10_alloc::get()->createOrIncrefPool(0, id);
+  const std::string why = refusal([&] { use_on_oom(id); });
+  EXPECT_NE(why.find("use_on_oom=True) is not supported by gpumem"), std::string::npos) << why;
+  EXPECT_EQ(c10_alloc::getPoolUseCount(0, id), 0);
+#if GPUMEM_TORCH_AT_LEAST(2, 10)
+  const auto no_split = next_pool_id();
+  c10_alloc::get()->createOrIncrefPool(0, no_split);
+  const std::string why_not = refusal([&] { c10_alloc::get()->setNoSplit(0, no_split); });
+  EXPECT_NE(why_not.find("no_split=True) is not supported by gpumem"), std::string::npos)
+      << why_not;
+  EXPECT_EQ(c10_alloc::getPoolUseCount(0, no_split), 0);
+#endif
+  // A pool that something else uses too is refused the option but left alone.
+  const auto shared = next_pool_id();
+  c10_alloc::get()->createOrIncrefPool(0, shared);
+  c10_alloc::get()->createOrIncrefPool(0, shared);
+  EXPECT_NE(refusal([&] { use_on_oom(shared); }).find("not supported by gpumem"),
+            std::string::npos);
+  EXPECT_EQ(c10_alloc::getPoolUseCount(0, shared), 2);
+  c10_alloc::releasePool(0, shared);
+  EXPECT_NO_THROW(destroy_mempool(shared));
+  EXPECT_EQ(c10_alloc::getPoolUseCount(0, shared), 0);
+}
+
+TEST_F(Installed, ReleasingAPoolNeverThrowsAndSaysWhatWentWrong) {
+  ::testing::internal::CaptureStderr();
+  EXPECT_NO_THROW(c10_alloc::releasePool(0, {0, 987654321}));  // unknown to gpumem
+  const auto id = next_pool_id();
+  c10_alloc::get()->createOrIncrefPool(0, id);
+  c10_alloc::releasePool(0, id);
+  EXPECT_NO_THROW(c10_alloc::releasePool(0, id));  // once more than it was used
+  EXPECT_NO_THROW(c10_alloc::get()->emptyCache({0, 987654321}));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("gpumem: releasePool: pool (0, 987654321) is not in use"), std::string::npos)
+      << err;
+  EXPECT_EQ(c10_alloc::getPoolUseCount(0, id), 0);
+}
+
+TEST_F(Installed, NestedPoolsAllocateIntoTheMostRecentlyBegun) {
+  const auto outer = next_pool_id();
+  const auto inner = next_pool_id();
+  const auto side_pool = next_pool_id();
+  c10_alloc::get()->createOrIncrefPool(0, outer);  // made first, begun first
+  c10_alloc::get()->createOrIncrefPool(0, inner);
+  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool();
+  const cudaStream_t side_stream = side.stream();
+  c10_alloc::beginAllocateToPool(0, outer, all_streams);
+  void* a = c10_alloc::raw_alloc(MiB);
+  c10_alloc::beginAllocateToPool(0, inner, all_streams);
+  void* b = c10_alloc::raw_alloc(MiB);
+  // Begun later but only for the side stream: the other streams' allocations stay in `inner`.
+  c10_alloc::beginAllocateToPool(0, side_pool,
+                                 [side_stream](cudaStream_t s) { return s == side_stream; });
+  void* c = c10_alloc::raw_alloc(MiB);
+  void* d = c10_alloc::raw_alloc_with_stream(MiB, side_stream);
+  c10_alloc::endAllocateToPool(0, side_pool);
+  c10_alloc::endAllocateToPool(0, inner);
+  void* e = c10_alloc::raw_alloc(MiB);
+  c10_alloc::endAllocateToPool(0, outer);
+  void* f = c10_alloc::raw_alloc(MiB);
+  // Ended out of order (two threads' contexts): the one still begun keeps its allocations.
+  c10_alloc::beginAllocateToPool(0, outer, all_streams);
+  c10_alloc::beginAllocateToPool(0, inner, all_streams);
+  c10_alloc::endAllocateToPool(0, outer);
+  void* g = c10_alloc::raw_alloc(MiB);
+  c10_alloc::endAllocateToPool(0, inner);
+  EXPECT_TRUE(c10_alloc::checkPoolLiveAllocations(0, outer, {a, e}));
+  EXPECT_TRUE(c10_alloc::checkPoolLiveAllocations(0, inner, {b, c, g}));
+  EXPECT_TRUE(c10_alloc::checkPoolLiveAllocations(0, side_pool, {d}));
+  EXPECT_TRUE(a_->default_pool(0).owns(f));
+  for (void* p : {a, b, c, d, e, f, g}) c10_alloc::raw_delete(p);
+  for (const auto& id : {outer, inner, side_pool}) {
+    while (c10_alloc::getPoolUseCount(0, id) > 0) c10_alloc::releasePool(0, id);
+  }
+  c10_alloc::emptyCache();
+  for (const auto& id : {outer, inner, side_pool}) {
+    EXPECT_TRUE(c10_alloc::snapshot(id).segments.empty());
+  }
+}
+
+TEST_F(Installed, OutOfMemoryReturnsTheCacheOfDeadPoolsAndTriesAgain) {
+  const auto id = next_pool_id();  // a CUDA graph's pool, say, after the graph was reset
+  c10_alloc::beginAllocateToPool(0, id, all_streams);
+  void* in_pool = c10_alloc::raw_alloc(10ull * 1024 * MiB);  // of the simulated 16 GiB
+  c10_alloc::endAllocateToPool(0, id);
+  c10_alloc::releasePool(0, id);   // dead
+  c10_alloc::raw_delete(in_pool);  // 10 GiB cached by the dead pool
+  void* p = nullptr;
+  EXPECT_NO_THROW(p = c10_alloc::raw_alloc(10ull * 1024 * MiB));
+  EXPECT_TRUE(a_->default_pool(0).owns(p));
+  EXPECT_TRUE(c10_alloc::snapshot(id).segments.empty());  // the dead pool went away
+  c10_alloc::raw_delete(p);
+}
+
+TEST_F(Installed, FreeingThroughADataPtrNeverThrows) {
+  // A DataPtr's deleter runs in destructors: a bad pointer is reported, never thrown.
+  EXPECT_EXIT(
+      {
+        int local = 0;
+        c10::DataPtr foreign(&local, &local,
+                             c10::GetAllocator(c10::DeviceType::CUDA)->raw_deleter(),
+                             c10::Device(c10::DeviceType::CUDA, 0));
+        foreign.clear();
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(0), "freeing a CUDA tensor's memory: invalid device pointer");
 }
 
 // --- bad input

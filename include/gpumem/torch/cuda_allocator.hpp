@@ -3,15 +3,17 @@
 // asks PyTorch's allocator keeps working: torch.cuda.memory_stats / memory_summary /
 // max_memory_reserved / empty_cache / set_per_process_memory_fraction, snapshots and memory
 // history, cudnn.benchmark's cacheInfo, ProcessGroupNCCL's segment registration (trace trackers),
-// CUDA-graph private pools and IPC (classic policy).
+// CUDA-graph private pools, torch.cuda.MemPool / use_mem_pool (nested too) and IPC (classic
+// policy).
 //
 //   gpumem::torch::install();                          // before the first CUDA tensor
 //   gpumem::torch::install("policy:stitch,max_split_size_mb:256");
 //
 // Vocabulary (DESIGN.md): one caching_allocator<cuda_vmm_device> per GPU serves PyTorch's default
-// pool; every CUDA-graph private pool (MempoolId) gets its own caching_allocator on that GPU, so
-// its blocks are never handed to anyone else. Device statistics add the pools up: current values
-// and totals exactly, peaks as the sum of each allocator's peak (an upper bound).
+// pool; every private pool (MempoolId: a CUDA graph's, a torch.cuda.MemPool) gets its own
+// caching_allocator on that GPU, so its blocks are never handed to anyone else. Device
+// statistics add the pools up: current values and totals exactly, peaks as the sum of each
+// allocator's peak (an upper bound).
 //
 // Compiles against torch 2.8 through 2.15 (TORCH_VERSION_MAJOR/MINOR guards). Needs c10 and
 // c10_cuda only (the headers under the wheel's torch/include and libc10_cuda.so); link
@@ -20,7 +22,10 @@
 // Thread safety: every member may be called from any thread, as PyTorch's allocator. Errors:
 // PyTorch's own exception types (c10::OutOfMemoryError, c10::Error), so Python sees
 // torch.OutOfMemoryError and RuntimeError as with PyTorch's allocator; what gpumem cannot do
-// throws c10::Error "not supported by gpumem: <reason>".
+// throws c10::Error "not supported by gpumem: <reason>", at the call that asks for it (a MemPool
+// option: when the pool is made). What PyTorch calls from destructors (MemPool's, CUDAGraph's, a
+// tensor's deleter: releasePool, emptyCache of a pool, setUseOnOOM(false), the DataPtr deleter)
+// never throws; a failure there is reported on stderr.
 #pragma once
 
 #if __has_include(<torch/headeronly/version.h>)
@@ -53,6 +58,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <deque>
@@ -106,10 +112,31 @@ inline std::atomic<cuda_allocator*>& installed_slot() noexcept {
   return slot;
 }
 
-void raw_delete(void* ptr);
+void raw_delete(void* ptr) noexcept;
 
 [[noreturn]] inline void not_supported(const std::string& what, const std::string& why) {
   TORCH_CHECK(false, "gpumem: ", what, " is not supported by gpumem: ", why);
+}
+
+// Runs f for a call that PyTorch makes from a destructor (MemPool's, CUDAGraph's, a DataPtr's
+// deleter), where an exception would end the process: a failure is reported on stderr instead.
+// Never throws.
+template <class F>
+void reporting_failure(const char* what, F&& f) noexcept {
+  const auto report = [what](const char* message) noexcept {
+    constexpr std::string_view prefix = "gpumem: ";
+    if (std::string_view(message).substr(0, prefix.size()) == prefix) message += prefix.size();
+    std::fprintf(stderr, "gpumem: %s: %s\n", what, message);
+  };
+  try {
+    f();
+  } catch (const ::c10::Error& e) {
+    report(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    report(e.what());
+  } catch (...) {
+    report("unknown error");
+  }
 }
 
 inline c10_alloc::TraceEntry::Action trace_action(allocator_action a) noexcept {
@@ -168,11 +195,14 @@ inline void copy_stats(const stat_array& from, ::c10::CachingAllocator::StatArra
   for (std::size_t i = 0; i < num_stat_types; ++i) copy_stat(from[i], to[i]);
 }
 
-// One CUDA-graph private pool (or torch.cuda.MemPool) on one GPU.
+// One CUDA-graph private pool (or torch.cuda.MemPool) on one GPU. A pool whose use count fell to
+// 0 (its MemPool destroyed, its graphs reset) is dead: it keeps the blocks still allocated from
+// it, and goes away, its cache returned to the device, when an emptyCache finds it empty.
 struct private_pool {
   mempool_id id{0, 0};
   std::unique_ptr<device_allocator> allocator;
   int use_count = 1;
+  bool fresh = true;  // made by createOrIncrefPool and not used since (no other reference to it)
   std::function<bool(cudaStream_t)> filter;  // set between beginAllocateToPool and end
 };
 
@@ -183,9 +213,13 @@ struct device_state {
   std::once_flag created;
   std::unique_ptr<device_allocator> main;
   allocator_config config;  // what main and the pools run (classic where VMM is missing)
-  std::mutex pools_mutex;
+  std::mutex pools_mutex;   // pools and active
   std::vector<std::unique_ptr<private_pool>> pools;
-  std::atomic<int> allocating_to_pools{0};  // pools with a filter set (a capture under way)
+  // The pools being allocated to (a filter set), in the order beginAllocateToPool was called: an
+  // allocation goes to the newest whose filter takes its stream, as in PyTorch, so that nested
+  // torch.cuda.use_mem_pool contexts allocate into the innermost pool.
+  std::vector<private_pool*> active;
+  std::atomic<int> allocating_to_pools{0};  // active.size(), read without the lock
 };
 
 }  // namespace detail
@@ -233,16 +267,23 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
 
   bool initialized() override { return initialized_.load(std::memory_order_acquire); }
 
+  /// torch.cuda.empty_cache(): with the default id, returns the cache of every GPU's default
+  /// pool and of every dead private pool (see releasePool) to the device, and forgets the dead
+  /// pools left empty; live private pools keep their cache, as in PyTorch. Throws gpumem's
+  /// cuda_error on device failure. With a private pool's id (MemPool's destructor calls it):
+  /// returns that pool's cache, and forgets the pool if it is dead and empty; never throws, a
+  /// failure is reported on stderr.
   void emptyCache(mempool_id id = {0, 0}) override {
+    if (!is_default(id)) {
+      detail::reporting_failure("emptyCache of a private pool", [&] { empty_pool_cache(id); });
+      return;
+    }
     for (std::size_t d = 0; d < devices_.size(); ++d) {
       detail::device_state& s = *devices_[d];
       if (!s.main) continue;
-      if (is_default(id)) {
-        s.main->empty_cache();
-        continue;
-      }
+      s.main->empty_cache();
       std::lock_guard<std::mutex> lock(s.pools_mutex);
-      if (detail::private_pool* p = find_pool(s, id)) p->allocator->empty_cache();
+      release_dead_pools(s);
     }
   }
 
@@ -377,22 +418,33 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   }
 #endif
 
+  /// From now until endAllocateToPool, allocations on `device` whose stream `filter` takes go to
+  /// pool `id` (created if new; one more use of it), unless a pool begun later takes them too: the
+  /// most recently begun pool wins, as in PyTorch (CUDA-graph capture, torch.cuda.use_mem_pool,
+  /// nested or on several threads). Throws c10::Error when `id` is already being allocated to.
   void beginAllocateToPool(c10::DeviceIndex device, mempool_id id,
                            std::function<bool(cudaStream_t)> filter) override {
+    TORCH_CHECK(filter, "gpumem: beginAllocateToPool for pool (", id.first, ", ", id.second,
+                ") without a stream filter");
     detail::device_state& s = state(device);
     std::lock_guard<std::mutex> lock(s.pools_mutex);
     detail::private_pool* p = find_pool(s, id);
+    TORCH_CHECK(p == nullptr || !p->filter, "gpumem: beginAllocateToPool for pool (", id.first,
+                ", ", id.second, ") while it is already being allocated to");
+    s.active.reserve(s.active.size() + 1);  // nothing below throws once the pool is counted
     if (p == nullptr) {
       p = &make_pool(s, id);
     } else {
       ++p->use_count;
     }
-    TORCH_CHECK(!p->filter, "gpumem: beginAllocateToPool for pool (", id.first, ", ", id.second,
-                ") while it is already being allocated to");
+    p->fresh = false;
     p->filter = std::move(filter);
-    s.allocating_to_pools.fetch_add(1, std::memory_order_release);
+    s.active.push_back(p);
+    s.allocating_to_pools.store(static_cast<int>(s.active.size()), std::memory_order_release);
   }
 
+  /// Ends beginAllocateToPool(device, id, ...) (the use it added stays until releasePool). Throws
+  /// c10::Error when `id` is not being allocated to.
   void endAllocateToPool(c10::DeviceIndex device, mempool_id id) override {
     detail::device_state& s = state(device);
     std::lock_guard<std::mutex> lock(s.pools_mutex);
@@ -400,22 +452,28 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     TORCH_CHECK(p != nullptr && p->filter, "gpumem: endAllocateToPool for pool (", id.first, ", ",
                 id.second, ") that is not being allocated to");
     p->filter = nullptr;
-    s.allocating_to_pools.fetch_sub(1, std::memory_order_release);
+    s.active.erase(std::find(s.active.begin(), s.active.end(), p));
+    s.allocating_to_pools.store(static_cast<int>(s.active.size()), std::memory_order_release);
   }
 
+  /// Drops one use of pool `id` (MemPool's destructor, CUDAGraph::reset, the end of
+  /// torch.cuda.use_mem_pool). At none the pool is dead, as in PyTorch: what is still allocated
+  /// from it stays valid, and its memory goes back to the device when an emptyCache finds it
+  /// unused (MemPool's destructor calls one; torch.cuda.empty_cache() and an out-of-memory retry
+  /// do too). Never throws, since PyTorch calls it from destructors: releasing a pool gpumem does
+  /// not know, or more times than it was used, is reported on stderr and changes nothing.
   void releasePool(c10::DeviceIndex device, mempool_id id) override {
-    detail::device_state& s = state(device);
-    std::lock_guard<std::mutex> lock(s.pools_mutex);
-    detail::private_pool* p = find_pool(s, id);
-    TORCH_CHECK(p != nullptr, "gpumem: releasePool of unknown pool (", id.first, ", ", id.second,
-                ")");
-    if (--p->use_count > 0) return;
-    p->allocator->empty_cache();
-    // A pool whose blocks are all freed goes away; otherwise it stays until emptyCache finds it
-    // empty (PyTorch keeps such a pool's blocks out of everyone else's reach the same way).
-    if (p->allocator->usage().allocated == 0) erase_pool(s, id);
+    detail::reporting_failure("releasePool", [&] {
+      detail::device_state& s = state(device);
+      std::lock_guard<std::mutex> lock(s.pools_mutex);
+      detail::private_pool* p = find_pool(s, id);
+      TORCH_CHECK(p != nullptr && p->use_count > 0, "pool (", id.first, ", ", id.second,
+                  ") is not in use (unknown, or already released)");
+      --p->use_count;
+    });
   }
 
+  /// The uses of pool `id` (0 for a dead or unknown pool). Throws c10::Error for a bad device.
   int getPoolUseCount(c10::DeviceIndex device, mempool_id id) override {
     detail::device_state& s = state(device);
     std::lock_guard<std::mutex> lock(s.pools_mutex);
@@ -423,29 +481,38 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     return p == nullptr ? 0 : p->use_count;
   }
 
+  // MemPool's constructor calls createOrIncrefPool, then setUseOnOOM(true) and setNoSplit when
+  // asked: gpumem refuses those options there, so that the constructor fails (RuntimeError in
+  // Python) rather than anything later, and its destructor's setUseOnOOM(false) never throws.
+
 #if GPUMEM_TORCH_AT_LEAST(2, 11)
+  /// Makes pool `id` on `device`, or adds a use to it. Throws c10::Error "not supported by
+  /// gpumem" for a pool with its own allocator (MemPool(allocator)), before anything is made.
   void createOrIncrefPool(c10::DeviceIndex device, mempool_id id,
                           std::shared_ptr<c10_alloc::CUDAAllocator> allocator = nullptr) override {
     create_or_incref_pool(device, id, allocator.get());
   }
-  void setUseOnOOM(c10::DeviceIndex, mempool_id, bool) override {
-    detail::not_supported("MemPool(use_on_oom=True)",
-                          "a private pool's memory is never lent to other allocations");
+  /// setUseOnOOM(..., false) does nothing (gpumem never lends a pool's memory) and never throws.
+  /// true: refuse_pool_option (throws c10::Error "not supported by gpumem").
+  void setUseOnOOM(c10::DeviceIndex device, mempool_id id, bool use_on_oom) override {
+    if (use_on_oom) refuse_pool_option(device, id, use_on_oom_refusal);
   }
 #else
+  /// As above (torch < 2.11 passes no allocator ownership and calls setUseOnOOM only for true).
   void createOrIncrefPool(c10::DeviceIndex device, mempool_id id,
                           c10_alloc::CUDAAllocator* allocator = nullptr) override {
     create_or_incref_pool(device, id, allocator);
   }
-  void setUseOnOOM(c10::DeviceIndex, mempool_id) override {
-    detail::not_supported("MemPool(use_on_oom=True)",
-                          "a private pool's memory is never lent to other allocations");
+  /// refuse_pool_option: throws c10::Error "not supported by gpumem".
+  void setUseOnOOM(c10::DeviceIndex device, mempool_id id) override {
+    refuse_pool_option(device, id, use_on_oom_refusal);
   }
 #endif
 
 #if GPUMEM_TORCH_AT_LEAST(2, 10)
-  void setNoSplit(c10::DeviceIndex, mempool_id) override {
-    detail::not_supported("MemPool no_split", "gpumem's pools split blocks by its policy's rules");
+  /// MemPool(no_split=True): refuse_pool_option (throws c10::Error "not supported by gpumem").
+  void setNoSplit(c10::DeviceIndex device, mempool_id id) override {
+    refuse_pool_option(device, id, no_split_refusal);
   }
 #endif
 
@@ -496,11 +563,11 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     std::memcpy(&h, raw, sizeof h);
     void* dev_ptr = nullptr;
     C10_CUDA_CHECK(cudaIpcOpenMemHandle(&dev_ptr, h, cudaIpcMemLazyEnablePeerAccess));
-    std::shared_ptr<void> open(dev_ptr, [this, handle](void* p) {
-      {
+    std::shared_ptr<void> open(dev_ptr, [this, handle](void* p) noexcept {
+      detail::reporting_failure("closing a CUDA IPC handle", [&] {
         std::lock_guard<std::mutex> l(ipc_mutex_);
         ipc_open_.erase(handle);
-      }
+      });
       (void)cudaIpcCloseMemHandle(p);
     });
     ipc_open_[handle] = open;
@@ -649,14 +716,82 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   void create_or_incref_pool(c10::DeviceIndex device, mempool_id id,
                              c10_alloc::CUDAAllocator* allocator) {
     if (allocator != nullptr && allocator != this) {
-      detail::not_supported("a MemPool with its own allocator", "gpumem serves every pool itself");
+      detail::not_supported("a MemPool with its own allocator",
+                            "gpumem serves every pool itself (make the pool without one)");
     }
     detail::device_state& s = state(device);
     std::lock_guard<std::mutex> lock(s.pools_mutex);
     if (detail::private_pool* p = find_pool(s, id)) {
       ++p->use_count;
+      p->fresh = false;
     } else {
       make_pool(s, id);
+    }
+  }
+
+  struct refusal {
+    const char* what;
+    const char* why;
+  };
+  static constexpr refusal use_on_oom_refusal{
+      "MemPool(use_on_oom=True)",
+      "a private pool's memory is never lent to allocations outside it; make the pool without "
+      "use_on_oom"};
+  static constexpr refusal no_split_refusal{
+      "MemPool(no_split=True)",
+      "gpumem's pools split blocks by its policy's rules; make the pool without no_split"};
+
+  // Throws c10::Error "not supported by gpumem" for an option of pool `id` that MemPool's
+  // constructor asked for. That constructor fails, so its destructor never releases the pool:
+  // a pool just made by createOrIncrefPool and used by nothing else is undone first.
+  [[noreturn]] void refuse_pool_option(c10::DeviceIndex device, mempool_id id, refusal r) {
+    detail::device_state& s = state(device);
+    {
+      std::lock_guard<std::mutex> lock(s.pools_mutex);
+      detail::private_pool* p = find_pool(s, id);
+      if (p != nullptr && p->fresh && p->use_count == 1) erase_pool(s, id);
+    }
+    detail::not_supported(r.what, r.why);
+  }
+
+  // Returns the cache of s's dead pools to the device and forgets those left holding nothing.
+  // True when any memory went back. Call with s.pools_mutex held. Throws cuda_error on device
+  // failure (the pools freed so far stay freed).
+  static bool release_dead_pools(detail::device_state& s) {
+    bool released = false;
+    for (std::size_t i = 0; i < s.pools.size();) {
+      detail::private_pool& p = *s.pools[i];
+      if (p.use_count > 0 || p.filter) {
+        ++i;
+        continue;
+      }
+      const std::size_t reserved = p.allocator->usage().reserved;
+      p.allocator->empty_cache();
+      const memory_usage now = p.allocator->usage();
+      released = released || now.reserved < reserved;
+      if (now.allocated == 0 && now.reserved == 0) {
+        s.pools.erase(s.pools.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
+    }
+    return released;
+  }
+
+  // emptyCache(id) for a private pool: its cache back to the device on every GPU that has it;
+  // a dead pool left holding nothing is forgotten.
+  void empty_pool_cache(const mempool_id& id) {
+    for (std::size_t d = 0; d < devices_.size(); ++d) {
+      detail::device_state& s = *devices_[d];
+      if (!s.main) continue;
+      std::lock_guard<std::mutex> lock(s.pools_mutex);
+      detail::private_pool* p = find_pool(s, id);
+      if (p == nullptr) continue;
+      p->allocator->empty_cache();
+      const memory_usage now = p->allocator->usage();
+      if (p->use_count <= 0 && !p->filter && now.allocated == 0 && now.reserved == 0) {
+        erase_pool(s, id);
+      }
     }
   }
 
@@ -729,42 +864,20 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     pending_context() = history && record_context_ >= c10_alloc::RecordContext::ALLOC
                             ? context
                             : std::shared_ptr<c10::GatheredContext>{};
-    device_allocator* a = s.main.get();
-    std::unique_lock<std::mutex> pools_lock;
-    if (s.allocating_to_pools.load(std::memory_order_acquire) > 0) {
-      pools_lock = std::unique_lock<std::mutex>(s.pools_mutex);
-      for (auto& p : s.pools) {
-        if (p->filter && p->filter(stream)) {
-          a = p->allocator.get();
-          break;
-        }
-      }
-      if (a == s.main.get()) pools_lock.unlock();
-    }
     void* ptr = nullptr;
-    try {
-      if (pools_lock.owns_lock()) {
-        // During stream capture, cudaMalloc is allowed only in relaxed mode (as PyTorch does).
-        cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-        C10_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
-        try {
-          ptr = a->allocate(nbytes, stream);
-        } catch (...) {
-          (void)cudaThreadExchangeStreamCaptureMode(&mode);
-          throw;
-        }
-        C10_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
-      } else {
-        ptr = a->allocate(nbytes, stream);
+    for (bool retried = false;; retried = true) {
+      try {
+        ptr = allocate_routed(s, nbytes, stream);
+        break;
+      } catch (const out_of_memory& e) {
+        if (!retried && release_dead_pools_after_oom(s)) continue;
+        pending_context().reset();
+        report_oom(device, nbytes, e);
+        TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
+      } catch (const cuda_error& e) {
+        pending_context().reset();
+        TORCH_CHECK(false, e.what());
       }
-    } catch (const out_of_memory& e) {
-      pending_context().reset();
-      if (pools_lock.owns_lock()) pools_lock.unlock();
-      report_oom(device, nbytes, e);
-      TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
-    } catch (const cuda_error& e) {
-      pending_context().reset();
-      TORCH_CHECK(false, e.what());
     }
     pending_context().reset();
     if (context) {
@@ -772,6 +885,52 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
       contexts_[ptr] = std::move(context);
     }
     return ptr;
+  }
+
+  // Allocates where PyTorch would: in the most recently begun pool being allocated to whose
+  // filter takes `stream`, else in the default pool.
+  void* allocate_routed(detail::device_state& s, std::size_t nbytes, cudaStream_t stream) {
+    if (s.allocating_to_pools.load(std::memory_order_acquire) == 0) {
+      return s.main->allocate(nbytes, stream);
+    }
+    std::unique_lock<std::mutex> pools_lock(s.pools_mutex);  // keeps the pool alive meanwhile
+    device_allocator* a = nullptr;
+    for (auto it = s.active.rbegin(); it != s.active.rend(); ++it) {
+      if ((*it)->filter(stream)) {
+        a = (*it)->allocator.get();
+        break;
+      }
+    }
+    if (a == nullptr) {
+      pools_lock.unlock();
+      return s.main->allocate(nbytes, stream);
+    }
+    // During stream capture, cudaMalloc is allowed only in relaxed mode (as PyTorch does).
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    C10_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+    void* ptr = nullptr;
+    try {
+      ptr = a->allocate(nbytes, stream);
+    } catch (...) {
+      (void)cudaThreadExchangeStreamCaptureMode(&mode);
+      throw;
+    }
+    C10_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+    return ptr;
+  }
+
+  // After an out-of-memory error, as PyTorch does: returns the dead pools' caches to the device,
+  // true when that freed anything (the allocation is then tried once more; the first failure
+  // stays counted in num_ooms). Not while any pool is being allocated to, since a CUDA-graph
+  // capture may be under way and device memory must not be freed during one. Never throws.
+  bool release_dead_pools_after_oom(detail::device_state& s) noexcept {
+    if (s.allocating_to_pools.load(std::memory_order_acquire) > 0) return false;
+    try {
+      std::lock_guard<std::mutex> lock(s.pools_mutex);
+      return release_dead_pools(s);
+    } catch (...) {
+      return false;  // the out-of-memory error stands
+    }
   }
 
   void report_oom(c10::DeviceIndex device, std::size_t nbytes, const out_of_memory& e) {
@@ -983,10 +1142,14 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
 
 namespace detail {
 
-inline void raw_delete(void* ptr) {
-  cuda_allocator* a = installed();
-  TORCH_CHECK(a != nullptr, "gpumem: a gpumem DataPtr freed while gpumem is not installed");
-  a->raw_delete(ptr);
+// The deleter of gpumem's DataPtrs, called from destructors (a tensor's storage): a failure is
+// reported on stderr, never thrown.
+inline void raw_delete(void* ptr) noexcept {
+  reporting_failure("freeing a CUDA tensor's memory", [ptr] {
+    cuda_allocator* a = installed();
+    TORCH_CHECK(a != nullptr, "a gpumem DataPtr freed while gpumem is not installed");
+    a->raw_delete(ptr);
+  });
 }
 
 }  // namespace detail
