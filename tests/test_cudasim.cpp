@@ -761,7 +761,9 @@ TEST_F(CudaSim, TheLogRecordsCalls) {
   std::stringstream text;
   text << in.rdbuf();
   EXPECT_NE(text.str().find("cudaMalloc(&ptr, 12345) = cudaSuccess"), std::string::npos);
-  EXPECT_NE(text.str().find("started: GPUMEM_SIM_MEMORY="), std::string::npos);
+  const auto started = text.str().find("started: ");
+  ASSERT_NE(started, std::string::npos);
+  EXPECT_NE(text.str().find("GPUMEM_SIM_MEMORY=", started), std::string::npos);
 }
 
 // ---------------------------------------------------------------------------------------------

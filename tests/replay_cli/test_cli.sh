@@ -196,10 +196,18 @@ expect_in "$err" "bad configuration" "config checked before the trace is read"
 run 2 "$work/survivor.trace" --config $'max_split_size_mb:\e]0;x\a'
 expect_in "$err" 'max_split_size_mb:\\x1b\]0;x\\x07' "escape sequence in a config escaped"
 if grep -q $'\e' "$work/err"; then fail "an escape character reached the terminal (config)"; fi
+# A raw control character in a trace's header is refused (the writer never writes one), and the
+# message quotes it escaped.
 printf 'gpumem-trace 1\n@source \033]0;pwned\007 title\nalloc 0x1000 1024 0\n' >"$work/escape.trace"
-run 0 "$work/escape.trace"
-expect_in "$out" 'trace: .*\\x1b\]0;pwned\\x07 title' "@source escaped"
-if grep -q $'\e' "$work/out"; then fail "an escape character reached the terminal (@source)"; fi
+run 1 "$work/escape.trace"
+expect_in "$err" 'control character 0x1b in the value of @source' "raw control character in @source refused"
+if grep -q $'\e' "$work/err"; then fail "an escape character reached the terminal (@source)"; fi
+# A file name is printed escaped.
+escaped_name=$'\e]0;pwned\a.trace'
+cp "$work/survivor.trace" "$work/$escaped_name"
+run 0 "$work/$escaped_name"
+expect_in "$out" 'trace: .*\\x1b\]0;pwned\\x07\.trace' "file name escaped"
+if grep -q $'\e' "$work/out"; then fail "an escape character reached the terminal (file name)"; fi
 # A huge bad value is echoed once, cut short.
 huge=$(head -c 100000 /dev/zero | tr '\0' 9)
 run 2 "$work/survivor.trace" --config "max_split_size_mb:$huge"
