@@ -1,5 +1,6 @@
-// Stitch in the steady state: each trace replayed as one training step after another on an 80 GiB
-// simulated device, with the device calls of every step. Prints a Markdown table.
+// The steady state of a training loop: each trace replayed as twelve steps in a row (what is live
+// at the end of a step is freed, as a training loop frees its last step's tensors) on an 80 GiB
+// simulated device, under classic, expandable and stitch. Prints a Markdown table.
 //
 //   gpumem_bench_stitch_steps [--steps=N] TRACE...      (bench/README.md, "Stitch in the steady
 //   state")
@@ -10,61 +11,63 @@
 #include <string>
 #include <vector>
 
-#include "gpumem/gpumem.hpp"
-// clang-format off
-#include "gpumem/device/simulated_device.hpp"
-// clang-format on
 #include "gpumem/trace/replay.hpp"
 #include "gpumem/trace/trace_io.hpp"
 
-namespace {
-
-using allocator = gpumem::caching_allocator<gpumem::simulated_device>;
-
-}  // namespace
-
 int main(int argc, char** argv) {
-  int steps = 12;
+  std::size_t steps = 12;
   std::vector<std::string> paths;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--steps=", 8) == 0) {
-      steps = std::atoi(argv[i] + 8);
+      steps = static_cast<std::size_t>(std::atoi(argv[i] + 8));
     } else {
       paths.emplace_back(argv[i]);
     }
   }
-  if (paths.empty() || steps < 2) {
-    std::fprintf(stderr, "usage: gpumem_bench_stitch_steps [--steps=N>=2] TRACE...\n");
+  if (paths.empty() || steps < 4) {
+    std::fprintf(stderr, "usage: gpumem_bench_stitch_steps [--steps=N>=4] TRACE...\n");
     return 2;
   }
   std::printf(
-      "| trace | reserved ÷ peak requested, step 1 | after %d steps | last step with device calls "
-      "| device calls in each of the last 3 steps |\n| --- | --- | --- | --- | --- |\n",
+      "| trace | policy | reserved ÷ peak requested, step 1 | after %zu steps | last step with "
+      "device calls | device calls, last 3 steps | host waits, last 3 steps | stream waits, last 3 "
+      "steps | step 1: device calls | step 1: simulated time |\n"
+      "| --- | --- | ---: | ---: | ---: | --- | --- | --- | ---: | ---: |\n",
       steps);
   try {
     for (const std::string& path : paths) {
-      const auto trace = gpumem::read_trace(path);
-      gpumem::simulated_device dev{std::size_t{80} << 30};
-      allocator a(dev, gpumem::allocator_config::parse("policy:stitch"));
-      double first = 0;
-      int last_with_calls = 0;
-      std::vector<std::size_t> calls;
-      gpumem::step_replayer step(trace);
-      for (int s = 1; s <= steps; ++s) {
-        const std::size_t before = dev.counters().memory_calls();
-        step.run(a);
-        calls.push_back(dev.counters().memory_calls() - before);
-        if (calls.back() > 0) last_with_calls = s;
-        const auto st = a.stats();
-        const double ratio = static_cast<double>(st.reserved_bytes[0].peak) /
-                             static_cast<double>(st.requested_bytes[0].peak);
-        if (s == 1) first = ratio;
-        if (s == steps) {
-          const std::string name = path.substr(path.find_last_of('/') + 1);
-          std::printf("| %s | %.4f | %.4f | %d | %zu, %zu, %zu |\n", name.c_str(), first, ratio,
-                      last_with_calls, calls[calls.size() - 3], calls[calls.size() - 2],
-                      calls.back());
+      const gpumem::compiled_trace trace = gpumem::compile_trace(gpumem::read_trace(path));
+      const std::string name = path.substr(path.find_last_of('/') + 1);
+      for (const char* policy : {"classic", "expandable", "stitch"}) {
+        gpumem::replay_options o;
+        o.config = gpumem::allocator_config::parse(std::string("policy:") + policy);
+        o.steps = steps;
+        const gpumem::replay_result r = gpumem::replay_trace(trace, o);
+        if (!r.completed) {
+          std::printf("| %s | %s | out of memory in step %zu |\n", name.c_str(), policy,
+                      r.oom_step + 1);
+          continue;
         }
+        const auto peak = static_cast<double>(r.peak_requested);
+        std::size_t last_with_calls = 0;
+        for (std::size_t s = 0; s < r.steps.size(); ++s) {
+          if (r.steps[s].device_calls() > 0) last_with_calls = s + 1;
+        }
+        auto last3 = [&](auto figure) {
+          std::string text;
+          for (std::size_t s = r.steps.size() - 3; s < r.steps.size(); ++s) {
+            text += (text.empty() ? "" : ", ") + std::to_string(figure(r.steps[s]));
+          }
+          return text;
+        };
+        std::printf(
+            "| %s | %s | %.4f | %.4f | %zu | %s | %s | %s | %zu | %.2f ms |\n", name.c_str(),
+            policy, static_cast<double>(r.steps.front().peak_reserved) / peak,
+            static_cast<double>(r.peak_reserved) / peak, last_with_calls,
+            last3([](const gpumem::step_figures& f) { return f.device_calls(); }).c_str(),
+            last3([](const gpumem::step_figures& f) { return f.host_synchronizations(); }).c_str(),
+            last3([](const gpumem::step_figures& f) { return f.stream_waits(); }).c_str(),
+            r.steps.front().device_calls(), r.steps.front().simulated_seconds * 1e3);
       }
     }
   } catch (const std::exception& e) {

@@ -141,23 +141,42 @@ TEST(CompileTrace, RefusesTotalsPastTwoToTheSixtyFour) {
   EXPECT_EQ(c.peak_requested_event, 1u);
 }
 
-// A step replayed on an allocator the caller keeps: the trace's completed frees are the ones
-// replayed (so 0x2000 and 0x3000, only free_requested, stay live until the end of the step: the
-// peak is 20 + 50 + 5 MiB, not 70), and whatever is live at the end is freed, step after step.
-TEST(StepReplayer, FollowsCompletedFreesAndFreesEverythingAtTheEnd) {
+// Steps: the trace again and again, what is live at a step's end freed before the next (0x4000,
+// never freed, comes back each step), with each step's device calls. Classic's cache serves the
+// second step without a device call.
+TEST(ReplaySteps, RepeatTheTraceAndFreeWhatIsLiveBetweenSteps) {
   allocation_trace t = split_survivor();
   t.events.push_back({K::alloc, 0x4000, 5 * MiB, 0, -1});  // never freed
-  gpumem::simulated_device dev{std::size_t{1} << 30};
-  gpumem::caching_allocator<gpumem::simulated_device> a(dev, gpumem::allocator_config{});
-  gpumem::step_replayer step(t);
-  step.run(a);
-  EXPECT_EQ(a.stats().allocated_bytes[0].current, 0);
-  EXPECT_EQ(a.stats().allocation[0].allocated, 4);
-  EXPECT_EQ(a.stats().allocated_bytes[0].peak, static_cast<std::int64_t>((20 + 50 + 5) * MiB));
-  step.run(a);
-  EXPECT_EQ(a.stats().allocation[0].allocated, 8);
-  EXPECT_EQ(a.stats().allocated_bytes[0].current, 0);
-  EXPECT_EQ(a.stats().allocated_bytes[0].peak, static_cast<std::int64_t>((20 + 50 + 5) * MiB));
+  gpumem::replay_options o = options_for("policy:classic", 1024 * MiB);
+  o.steps = 3;
+  o.check_invariants = true;
+  o.record_samples = true;
+  const gpumem::compiled_trace c = gpumem::compile_trace(t);
+  const gpumem::replay_result r = gpumem::replay_trace(c, o);
+  ASSERT_TRUE(r.completed);
+  ASSERT_EQ(r.steps.size(), 3u);
+  EXPECT_EQ(r.events_replayed, 3 * c.ops.size());
+  EXPECT_EQ(r.samples.size(), 3 * c.ops.size());
+  EXPECT_EQ(r.samples.back().event_index, 3 * c.ops.size() - 1);
+  EXPECT_GT(r.steps[0].device_calls(), 0u);
+  EXPECT_EQ(r.steps[1].device_calls(), 0u);
+  EXPECT_EQ(r.steps[2].device_calls(), 0u);
+  EXPECT_EQ(r.steps[2].host_synchronizations(), 0u);
+  // The program's peak: 20 + 50 MiB requested at once (released before 0x4000 comes), every step.
+  EXPECT_EQ(r.peak_requested, (20 + 50) * MiB);
+  // Each step starts from nothing live: the second step's samples begin where the first's did.
+  EXPECT_EQ(r.samples[c.ops.size()].requested, r.samples[0].requested);
+}
+
+TEST(ReplaySteps, AnOutOfMemoryNamesItsStep) {
+  // The trace holds 70 MiB at once: on 60 MiB its first step runs out, and replaying stops there.
+  gpumem::replay_options o = options_for("policy:classic", 60 * MiB);
+  o.steps = 2;
+  const gpumem::replay_result r = gpumem::replay_trace(gpumem::compile_trace(split_survivor()), o);
+  EXPECT_FALSE(r.completed);
+  EXPECT_EQ(r.oom_step, 0u);
+  ASSERT_TRUE(r.oom_event_index);
+  EXPECT_EQ(r.steps.size(), 1u);
 }
 
 TEST(Replay, KnownPeaksAndDeviceCalls) {
@@ -226,9 +245,11 @@ TEST(Replay, SegmentsSayWhichPagesAreMapped) {
   o.snapshot_after_event = 4;  // the 50 MiB block was stitched from the freed 60 MiB's pages
   const gpumem::replay_result r = gpumem::replay_trace(gpumem::compile_trace(split_survivor()), o);
   ASSERT_TRUE(r.completed);
-  std::uint64_t mapped = 0, total = 0, unmapped_blocks = 0;
+  std::uint64_t mapped = 0, counted = 0, total = 0, unmapped_blocks = 0;
   for (const auto& s : r.segments) {
     mapped += s.mapped_size;
+    counted += s.reserved_size;
+    EXPECT_LE(s.reserved_size, s.mapped_size);
     total += s.total_size;
     std::uint64_t mapped_blocks = 0;
     for (const gpumem::block_snapshot& b : s.blocks) {
@@ -241,8 +262,11 @@ TEST(Replay, SegmentsSayWhichPagesAreMapped) {
     }
     EXPECT_EQ(mapped_blocks, s.mapped_size);
   }
-  EXPECT_EQ(mapped, r.samples[4].reserved);  // reserved memory is the mapped memory
-  EXPECT_GT(total, mapped);                  // the address ranges span unmapped pages too
+  // The 50 MiB block's pages are the freed 60 MiB block's, mapped at a second address: each
+  // physical page counts once, so the segments' reserved sizes add up to reserved memory.
+  EXPECT_EQ(counted, r.samples[4].reserved);
+  EXPECT_GT(mapped, counted);
+  EXPECT_GT(total, mapped);  // the address ranges span unmapped pages too
   EXPECT_GT(unmapped_blocks, 0u);
 }
 

@@ -206,12 +206,15 @@ TEST(CallVocabulary, NamesCountersAndDifferences) {
                                 c.mem_release,
                                 c.mem_map,
                                 c.mem_unmap,
-                                c.set_access};
+                                c.set_access,
+                                c.stream_wait_event};
   for (std::size_t f = 0; f < gpumem::call_kind_count; ++f) EXPECT_EQ(fields[f], f + 1);
-  EXPECT_EQ(c.total(), 18u * 19u / 2u);
-  // Memory calls: everything but mem_get_info, the event create/destroy/record/query calls and
-  // the stream calls (values 3, 4, 5, 6, 7, 10, 11).
-  EXPECT_EQ(c.memory_calls(), 18u * 19u / 2u - (3u + 4u + 5u + 6u + 7u + 10u + 11u));
+  EXPECT_EQ(c.total(), 19u * 20u / 2u);
+  // Memory calls: everything but mem_get_info, the event create/destroy/record/query calls, the
+  // stream calls and stream waits (values 3, 4, 5, 6, 7, 10, 11, 19).
+  EXPECT_EQ(c.memory_calls(), 19u * 20u / 2u - (3u + 4u + 5u + 6u + 7u + 10u + 11u + 19u));
+  // Host synchronisations: cudaFree, the event and device synchronisations (values 2, 8, 9).
+  EXPECT_EQ(c.host_synchronizations(), 2u + 8u + 9u);
 
   call_counters before = c;
   c[call_kind::free] += 5;
@@ -996,6 +999,7 @@ TEST(SimulatedCounters, CountEveryCallKind) {
   d.record_event(e, s);
   (void)d.query_event(e);
   d.synchronize_event(e);
+  d.stream_wait_event(d.default_stream(), e);
   d.synchronize();
   d.destroy_event(e);
   d.destroy_stream(s);

@@ -23,6 +23,7 @@
 #include <exception>
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>  // std::lock_guard
 #include <set>
@@ -39,6 +40,8 @@
 #include "gpumem/core/detail/pointer_map.hpp"
 #include "gpumem/core/detail/pool_counters.hpp"
 #include "gpumem/core/detail/spin_mutex.hpp"
+#include "gpumem/core/detail/stitch_policy.hpp"
+#include "gpumem/core/detail/vmm_pages.hpp"
 #include "gpumem/core/size_policy.hpp"
 #include "gpumem/device/device.hpp"
 #include "gpumem/error.hpp"
@@ -52,9 +55,18 @@ namespace detail {
 
 template <class Stream>
 struct address_order {
+  using is_transparent = void;  // also compares with an address
   bool operator()(const block<Stream>* a, const block<Stream>* b) const noexcept {
     return a->ptr < b->ptr;
   }
+  bool operator()(const block<Stream>* a, std::uintptr_t b) const noexcept { return a->ptr < b; }
+  bool operator()(std::uintptr_t a, const block<Stream>* b) const noexcept { return a < b->ptr; }
+};
+
+// What a device without virtual memory management has of vmm_pages: nothing.
+template <class Device>
+struct no_vmm_pages {
+  explicit no_vmm_pages(Device&) noexcept {}
 };
 
 template <class Stream>
@@ -64,11 +76,15 @@ struct pool {
   free_block_index<Stream> index;  // free mapped blocks
   // Unmapped blocks of this pool's VMM segments, lowest address first (touched on misses only).
   std::set<block<Stream>*, address_order<Stream>> unmapped;
+  // Stitch: its shadowed blocks (free, mapped to pages other ranges hold), lowest address first.
+  std::set<block<Stream>*, address_order<Stream>> shadowed;
   std::size_t address_space = 0;  // bytes of address ranges its VMM segments hold
   // Stitch class pools: a block of this size class has been freed since the allocator started or
   // the cache was last emptied (the class's blocks are not all long-lived), so the class may borrow
   // free blocks of other such classes (borrow_block).
   bool has_freed = false;
+  // Stitch: misses since the workload settled (see pages_to_create).
+  std::uint32_t settled_misses = 0;
   // Stitch class pools: this pool's slot in stream_pools::free_bound (nullptr for other pools).
   std::size_t* free_bound = nullptr;
 };
@@ -121,6 +137,11 @@ struct segment_snapshot {
   std::size_t active_size = 0;
   std::size_t requested_size = 0;
   std::size_t mapped_size = 0;  // bytes backed by physical memory (total_size unless VMM)
+  // The physical memory this segment accounts for: its mapped pages, except those it shares with
+  // another segment that uses them (or, when none does, that mapped them first). Summed over the
+  // segments, reserved memory. Below mapped_size only under stitch, whose pages may be mapped at
+  // several addresses.
+  std::size_t reserved_size = 0;
   Stream stream{};
   bool is_small = false;
   std::vector<block_snapshot> blocks;  // in address order
@@ -175,7 +196,7 @@ class caching_allocator {
   /// Throws config_error when a setting is out of range (allocator_config::validate).
   explicit caching_allocator(Device& device,
                              allocator_config config = allocator_config::from_environment())
-      : device_(device), config_(std::move(config)) {
+      : device_(device), config_(std::move(config)), vmm_(device) {
     config_.validate();
     policy_ = config_.effective_policy(is_vmm_device_v<Device>);
     if constexpr (is_vmm_device_v<Device>) {
@@ -357,7 +378,7 @@ class caching_allocator {
   /// Resets every stat's peak to its current value (and gpumem's fragmentation-at-peak).
   void reset_peak_stats() {
     std::lock_guard<detail::spin_mutex> lock(mutex_);
-    note_requested_high_water();  // stitch's headroom is not reset with the user's peaks
+    note_requested_high_water();  // stitch's settling is not reset with the user's peaks
     counts_.reset_peak();
     stats_.oversize_allocations.reset_peak();
     stats_.oversize_segments.reset_peak();
@@ -430,6 +451,7 @@ class caching_allocator {
         }
         ss.blocks.push_back(bs);
       }
+      ss.reserved_size = s->page_size == 0 ? s->size : reserved_in(*s);
       out.push_back(std::move(ss));
     }
     return out;
@@ -575,12 +597,15 @@ class caching_allocator {
   // --- the classic policy ------------------------------------------------------------------------
 
   // PyTorch's get_free_block: the best fit on this stream, unless the oversize rules refuse it.
+  // Stitch: a block on pages that another range holds is shadowed instead, and the search goes on.
   GPUMEM_ALWAYS_INLINE block_type* get_free_block(pool_type& p, std::size_t rounded) {
     if (gc_enabled()) ++gc_counter(p);
-    block_type* b = p.index.lower_bound(rounded);
-    if (b == nullptr || oversize_refuses(b->size, rounded)) return nullptr;
-    p.index.erase(b);
-    return b;
+    for (;;) {
+      block_type* b = p.index.lower_bound(rounded);
+      if (b == nullptr || oversize_refuses(b->size, rounded)) return nullptr;
+      p.index.erase(b);
+      if (b->seg->shared_pages == 0 || !shadow_held_pages(b)) return b;
+    }
   }
 
   GPUMEM_ALWAYS_INLINE bool oversize_refuses(std::size_t block_size, std::size_t rounded) const {
@@ -782,6 +807,7 @@ class caching_allocator {
     counts_.increase(p.is_small, counter::active_bytes, as_i64(b->size));
     counts_.increase(p.is_small, counter::requested_bytes, as_i64(requested));
     if (b->size >= config_.max_split_size) stats_.oversize_allocations.increase(1);
+    if (b->seg->shared_pages != 0) hold_pages(b);
     note_peak();
     return reinterpret_cast<void*>(b->ptr);
   }
@@ -803,6 +829,10 @@ class caching_allocator {
   GPUMEM_ALWAYS_INLINE void free_block(block_type* b) {
     pool_type& p = *b->owner;
     if (observer_) notify(allocator_action::free_completed, b->ptr, b->requested_size, p.stream);
+    if (b->seg->page_size != 0) {
+      b->freed_at = allocation_total();
+      if (b->seg->shared_pages != 0) release_held_pages(b);
+    }
     const std::size_t original_size = b->size;
     const std::size_t requested = b->requested_size;
     std::int64_t net_inactive_blocks = 0;
@@ -840,7 +870,7 @@ class caching_allocator {
   GPUMEM_ALWAYS_INLINE std::size_t try_merge_blocks(block_type* dst, block_type* src,
                                                     pool_type& p) {
     if (src == nullptr || src->allocated || src->event_count > 0 || !src->stream_uses.empty() ||
-        src->mapped != dst->mapped) {
+        src->mapped != dst->mapped || src->shadowed != dst->shadowed) {
       return 0;
     }
     if (dst->prev == src) {
@@ -857,7 +887,10 @@ class caching_allocator {
     }
     const std::size_t subsumed = src->size;
     dst->size += subsumed;
-    if (src->mapped) {
+    dst->freed_at = std::max(dst->freed_at, src->freed_at);
+    if (src->shadowed) {
+      p.shadowed.erase(src);
+    } else if (src->mapped) {
       p.index.erase(src);
     } else {
       p.unmapped.erase(src);
@@ -868,10 +901,11 @@ class caching_allocator {
 
   // --- the virtual-memory policies: expandable and stitch ---------------------------------------
   //
-  // Both keep segments as reserved address ranges whose pages are each mapped to one physical
-  // allocation (cuMemCreate). A block of such a segment is mapped or unmapped; unmapped blocks are
-  // page-aligned, never in the free index, and kept per pool in address order, so that a miss can
-  // grow a free block into the unmapped space after it (PyTorch's find_expandable_block).
+  // Both keep segments as reserved address ranges whose positions are each mapped to one physical
+  // page (vmm_pages.hpp does the mapping and counts the pages). A block of such a segment is mapped
+  // or unmapped; unmapped blocks are page-aligned, never in the free index, and kept per pool in
+  // address order, so that a miss can grow a free block into the unmapped space after it
+  // (PyTorch's find_expandable_block).
   //
   // expandable (PyTorch's expandable_segments): one range per stream and pool, 9/8 of the device,
   // growing by pages of 2 MiB (small pool) or large_segment_size (large pool); unused pages are
@@ -882,19 +916,24 @@ class caching_allocator {
   // address ranges of its own (1 GiB or more of addresses, no memory) into which it grows a page at
   // a time. A cache hit is the best fit in the request's pool and never touches the device. A miss
   // first borrows a free block of another class when both classes have freed blocks before
-  // (borrow_block), else grows its class's range: the pages are first taken from free cached blocks
-  // of any pool (unmapped there, mapped here), and only then created, so reserved memory grows only
-  // when the free cached pages cannot serve the request.
+  // (borrow_block), else grows its class's range: with the free pages of cached blocks of any pool
+  // first, mapped here *as well* (they stay mapped where they were: the page becomes shared), and
+  // only then with new pages, so reserved memory grows only when no free page can serve the
+  // request. A shared page is used by one range at a time; where another range holds it, the free
+  // blocks on it are *shadowed* (taken out of the index) until it is free again. Nothing is ever
+  // unmapped to be moved, so a miss waits for nothing, and once a loop has mapped the pages each of
+  // its requests needs, its steps find them again: a training loop's steady state makes no device
+  // call. Unmapping happens only in empty_cache and the out-of-memory retry.
   //
-  // Why size classes: only whole pages can move, so the cost of a free gap is the partly used pages
-  // at its edges. Blocks of one size tend to live alike (a layer's saved activations, its
+  // Why size classes: only whole pages can be shared, so the cost of a free gap is the partly used
+  // pages at its edges. Blocks of one size tend to live alike (a layer's saved activations, its
   // temporaries); kept apart from other sizes, a class's blocks sit side by side and share their
   // edge pages, and the space other sizes leave free is in whole pages that the next miss can take.
   // Placed in allocation order instead, short-lived blocks leave sub-page gaps between long-lived
   // ones that pin pages (3-4% of the peak on a transformer's forward pass). The price: each class
   // with live blocks may end in a partly used page. Borrowing between classes whose blocks do get
   // freed lets a training loop's steady state reuse one phase's memory in the next (activations,
-  // then gradients, then optimizer temporaries) without moving pages back and forth every step.
+  // then gradients, then optimizer temporaries).
 
   bool vmm_policy() const noexcept { return policy_ != allocator_policy::classic; }
 
@@ -910,13 +949,20 @@ class caching_allocator {
                                                    : granularity_;
   }
 
+  // Free and usable: a mapped free block that is not shadowed, or an unmapped one.
   static bool allocatable(const block_type* b) noexcept {
-    return b != nullptr && !b->allocated && b->event_count == 0 && b->stream_uses.empty();
+    return b != nullptr && !b->allocated && b->event_count == 0 && b->stream_uses.empty() &&
+           !b->shadowed;
   }
 
   static bool is_out_of_memory(const cuda_error& e) noexcept { return e.code() == 2; }
 
-  static constexpr std::size_t k_stitch_min_range = std::size_t{1024} << 20;
+  // The positions of segment s that block b touches: [first, last).
+  static std::pair<std::size_t, std::size_t> page_span(const block_type* b) noexcept {
+    const segment_type* s = b->seg;
+    return {(b->ptr - s->ptr) / s->page_size,
+            round_up(b->ptr + b->size - s->ptr, s->page_size) / s->page_size};
+  }
 
   // Miss path of the VMM policies: the same retry order as classic (PyTorch releases the whole
   // cache, unmapping free pages, before its one retry). Stitch's large requests first borrow from
@@ -943,8 +989,7 @@ class caching_allocator {
   // Stitch, on empty_cache: the size classes start again as never freed. Called between phases of
   // a program (an evaluation pass, then training), it keeps what one phase freed from deciding the
   // next one's placement: a class that freed blocks before would lend to the new phase's
-  // long-lived blocks of that size, mixing them with short-lived ones (pinned partly used pages,
-  // and at the settle limit pages moved every step).
+  // long-lived blocks of that size, mixing them with short-lived ones (pinned partly used pages).
   void forget_freed_classes() noexcept {
     for (auto& sp : stream_pools_) {
       for (auto& c : sp->classes) c->has_freed = false;
@@ -959,6 +1004,15 @@ class caching_allocator {
   // fits exactly or leaves at least a page (not a sliver that no large request can use); the exact
   // fit first, else the smallest. As a last resort before giving up the cache: the best fit.
   block_type* borrow_block(pool_type& p, std::size_t rounded, bool last_resort) {
+    for (;;) {
+      block_type* b = borrow_candidate(p, rounded, last_resort);
+      if (b == nullptr) return nullptr;
+      b->owner->index.erase(b);
+      if (b->seg->shared_pages == 0 || !shadow_held_pages(b)) return b;
+    }
+  }
+
+  block_type* borrow_candidate(pool_type& p, std::size_t rounded, bool last_resort) {
     pools_type& sp = lookup_pools(p.stream);
     const std::size_t roomy = rounded + granularity_;
     block_type* best = nullptr;
@@ -983,7 +1037,6 @@ class caching_allocator {
         best = b;
       }
     }
-    if (best != nullptr) best->owner->index.erase(best);
     return best;
   }
 
@@ -994,30 +1047,31 @@ class caching_allocator {
     if constexpr (is_vmm_device_v<Device>) {
       if (is_retry) ++stats_.num_alloc_retries;
       fraction_refused = false;
-      std::uintptr_t hi = 0;
-      block_type* c = find_vmm_candidate(p, rounded, hi);
+      block_type* c = find_vmm_candidate(p, rounded);
       segment_type* fresh = nullptr;
+      const std::size_t page = vmm_page_size(p);
+      const std::size_t needed = round_up(rounded, page);
+      if (c != nullptr && policy_ == allocator_policy::stitch && better_in_new_range(c, rounded)) {
+        fresh = create_vmm_segment(p, detail::stitch_policy::fresh_range_size(needed), page);
+        if (fresh != nullptr) c = fresh->head;
+      }
       if (c == nullptr) {
-        const std::size_t page = vmm_page_size(p);
-        const std::size_t needed = round_up(rounded, page);
         if (policy_ == allocator_policy::expandable) {
           fresh = create_vmm_segment(p, expandable_range_size(page), page);
         } else {
-          const std::size_t seg_size = stitch_range_size(p, needed);
+          const std::size_t seg_size = detail::stitch_policy::range_size(
+              p.address_space, needed, granularity_, device_.total_memory());
           fresh = create_vmm_segment(p, seg_size, page);
           if (fresh == nullptr && seg_size > needed) fresh = create_vmm_segment(p, needed, page);
         }
         if (fresh == nullptr) return nullptr;
         c = fresh->head;
-        hi = c->ptr + c->size;
       }
-      // Stealing never takes pages from the run of blocks being assembled, [lo, hi), nor from a
-      // block touching it: unmapping there could merge into (and free) the blocks this loop holds.
-      const std::uintptr_t lo = c->ptr;
-      bool ok = c->mapped || map_block(c, std::min(c->size, rounded), lo, hi, fraction_refused);
+      if (policy_ == allocator_policy::stitch && settled()) ++p.settled_misses;
+      bool ok = c->mapped || map_block(c, std::min(c->size, rounded), fraction_refused);
       while (ok && c->size < rounded) {
         block_type* next = c->next;  // unmapped: free mapped neighbours are always merged
-        ok = map_block(next, std::min(rounded - c->size, next->size), lo, hi, fraction_refused);
+        ok = map_block(next, std::min(rounded - c->size, next->size), fraction_refused);
         if (ok) c = next;
       }
       if (!ok) {
@@ -1032,33 +1086,79 @@ class caching_allocator {
     }
   }
 
+  // Stitch's answers (stitch_policy.hpp) for pool p.
+  std::size_t pages_to_create(const pool_type& p, std::size_t page,
+                              std::size_t count) const noexcept {
+    return stitch_.pages_to_create(reserved_total_, settled(), p.settled_misses, page, count);
+  }
+
+  bool settled() const noexcept { return stitch_.settled(allocation_total()); }
+
+  std::uint64_t allocation_total() const noexcept {
+    const stat_array a = counts_.get(counter::allocation);
+    return static_cast<std::uint64_t>(std::max<std::int64_t>(a[0].allocated, 0));
+  }
+
+  // Raises stitch's high-water mark of requested bytes (counting a request of `pending` bytes being
+  // served) from the peak statistic, which users may reset.
+  void note_requested_high_water(std::size_t pending = 0) noexcept {
+    const auto current = static_cast<std::size_t>(counts_.current(counter::requested_bytes));
+    const auto peak = static_cast<std::size_t>(counts_.peak(counter::requested_bytes));
+    stitch_.note_requested(std::max(peak, current + pending), allocation_total());
+  }
+
+  // Stitch: whether a new range would serve the run that starts at c with fewer new pages. A page
+  // is mapped at most once per range, so the free pages already mapped in c's range (where they
+  // are not contiguous enough to serve the request) cannot be shared into the run; in a new range
+  // they can.
+  bool better_in_new_range(block_type* c, std::size_t rounded) {
+    const segment_type& s = *c->seg;
+    std::size_t remaining = rounded;
+    std::size_t pages = 0;
+    for (block_type* b = c; b != nullptr && remaining > 0; b = b->next) {
+      const std::size_t take = std::min(remaining, b->size);
+      if (!b->mapped) pages += round_up(take, s.page_size) / s.page_size;
+      remaining -= take;
+    }
+    if (pages == 0 || pages_to_create(*c->owner, s.page_size, pages) == pages) return false;
+    std::vector<detail::page_id>& found = page_scratch_;
+    collect_free_pages(s, pages, found);
+    const std::size_t here = found.size();
+    if (here == pages) return false;
+    segment_type elsewhere;  // a range that maps nothing yet
+    elsewhere.page_size = s.page_size;
+    elsewhere.stream = s.stream;
+    elsewhere.owner = s.owner;
+    collect_free_pages(elsewhere, pages, found);
+    return found.size() > here;
+  }
+
   // The lowest-address unmapped block (with the free block before it) that starts a run of free
-  // blocks long enough for `size`; `end` is set to the end of the run's last block.
-  block_type* find_vmm_candidate(pool_type& p, std::size_t size, std::uintptr_t& end) const {
+  // blocks long enough for `size`. The free mapped blocks of a run are checked for pages held
+  // elsewhere (and shadowed there) before the run is counted, so the run returned is all usable.
+  block_type* find_vmm_candidate(pool_type& p, std::size_t size) {
     for (block_type* u : p.unmapped) {
-      block_type* c = allocatable(u->prev) ? u->prev : u;
-      std::size_t bytes = 0;
-      for (block_type* b = c; b != nullptr && bytes < size && allocatable(b); b = b->next) {
-        bytes += b->size;
-      }
-      if (bytes >= size) {
-        end = c->ptr + bytes;
-        return c;
+      for (;;) {
+        block_type* c = allocatable(u->prev) ? u->prev : u;
+        std::size_t bytes = 0;
+        bool changed = false;
+        for (block_type* b = c; b != nullptr && bytes < size && allocatable(b); b = b->next) {
+          if (b->mapped && b->seg->shared_pages != 0) {
+            p.index.erase(b);
+            if (shadow_held_pages(b)) {  // the blocks around u changed: count again
+              changed = true;
+              break;
+            }
+            index_insert(p, b);
+          }
+          bytes += b->size;
+        }
+        if (changed) continue;
+        if (bytes >= size) return c;
+        break;
       }
     }
     return nullptr;
-  }
-
-  // Stitch: the address range a class pool reserves when no range of it has room for `needed`
-  // bytes. Ranges only cost address space, so each new one is as large as all the pool's ranges
-  // together (at least k_stitch_min_range, at most the device), and a size class rarely needs more
-  // than a few: a class's blocks sit side by side, sharing the pages at their edges.
-  std::size_t stitch_range_size(const pool_type& p, std::size_t needed) const noexcept {
-    const std::size_t page = granularity_;
-    const std::size_t total = device_.total_memory();
-    const std::size_t size = std::min(std::max(p.address_space, k_stitch_min_range), total);
-    std::size_t range = 0;
-    return detail::checked_round_up(size, page, range) ? std::max(range, needed) : needed;
   }
 
   // Expandable: PyTorch reserves 9/8 of the device per range, so that one range can hold all of
@@ -1091,30 +1191,27 @@ class caching_allocator {
 
   // Reserves an address range with nothing mapped: one unmapped block covering it.
   segment_type* create_vmm_segment(pool_type& p, std::size_t size, std::size_t page) {
-    if (size == 0) return nullptr;
-    std::uintptr_t va = 0;
-    try {
-      va = device_.reserve_address(size, granularity_);
-    } catch (const cuda_error& e) {
-      if (!is_out_of_memory(e)) throw;
+    if constexpr (is_vmm_device_v<Device>) {
+      if (size == 0) return nullptr;
+      segment_type* s = segment_pool_.create();
+      if (!vmm_.reserve(*s, size, page, granularity_)) {
+        segment_pool_.destroy(s);
+        return nullptr;
+      }
+      s->owner = &p;
+      s->stream = p.stream;
+      link_segment(s);
+      block_type* b = block_pool_.create(s->ptr, size, &p, s);
+      b->mapped = false;
+      s->head = b;
+      p.unmapped.insert(b);
+      p.address_space += size;
+      counts_.increase(p.is_small, counter::segment, 1);
+      return s;
+    } else {
+      (void)p, (void)size, (void)page;
       return nullptr;
     }
-    segment_type* s = segment_pool_.create();
-    s->ptr = va;
-    s->size = size;
-    s->owner = &p;
-    s->page_size = page;
-    s->pages.assign(size / page, 0);
-    s->stolen.assign(size / page, 0);
-    s->mapped_pages = 0;
-    link_segment(s);
-    block_type* b = block_pool_.create(va, size, &p, s);
-    b->mapped = false;
-    s->head = b;
-    p.unmapped.insert(b);
-    p.address_space += size;
-    counts_.increase(p.is_small, counter::segment, 1);
-    return s;
   }
 
   // Frees the address range of a segment with nothing mapped.
@@ -1124,7 +1221,7 @@ class caching_allocator {
       block_type* b = s->head;
       p.unmapped.erase(b);
       block_pool_.destroy(b);
-      device_.free_address(s->ptr, s->size);
+      vmm_.free_range(*s);
       p.address_space -= s->size;
       counts_.decrease(p.is_small, counter::segment, 1);
       unlink_segment(s);
@@ -1146,128 +1243,225 @@ class caching_allocator {
     if (after != nullptr) after->prev = b;
   }
 
-  // Obtains `count` pages of `page` bytes, `returning` of them for positions whose memory was
-  // stolen before. Stitch creates the pages its headroom allows (stitch_pages_to_create), then
-  // steals from free cached blocks outside [lo, hi), then creates the rest; the other policies
-  // create them all. On failure everything obtained is released and false returned.
-  bool acquire_pages(std::size_t page, std::size_t count, std::size_t returning, std::uintptr_t lo,
-                     std::uintptr_t hi, std::vector<std::uint64_t>& out, bool& fraction_refused) {
+  // Cuts block b at `at` (inside it, b->ptr < at < b->ptr + b->size): b keeps the low part, the
+  // returned block (same state, not listed anywhere) the high part.
+  block_type* cut(block_type* b, std::uintptr_t at) {
+    block_type* high = block_pool_.create(at, b->ptr + b->size - at, b->owner, b->seg);
+    high->mapped = b->mapped;
+    high->shadowed = b->shadowed;
+    splice(high, b, b->next);
+    b->size = at - b->ptr;
+    return high;
+  }
+
+  // --- stitch's shared pages
+
+  // The bytes of physical memory VMM segment s accounts for (segment_snapshot::reserved_size).
+  std::size_t reserved_in(const segment_type& s) const {
+    std::size_t bytes = 0;
     if constexpr (is_vmm_device_v<Device>) {
-      // Stolen pages in `out` were subtracted from reserved memory; all of `out` comes back.
+      for (std::size_t i = 0; i < s.pages.size(); ++i) {
+        if (vmm_.counted_at(s, i)) bytes += s.page_size;
+      }
+    } else {
+      (void)s;
+    }
+    return bytes;
+  }
+  // ----------------------------------------------------------------------
+
+  // A block of a range with shared pages becomes allocated: its range holds them now.
+  void hold_pages(block_type* b) {
+    if constexpr (is_vmm_device_v<Device>) {
+      const auto [first, last] = page_span(b);
+      vmm_.hold(*b->seg, first, last, b->owner->stream);
+    } else {
+      (void)b;
+    }
+  }
+
+  // A block of a range with shared pages is free again: the pages that nobody holds any more are
+  // usable again in their other ranges.
+  void release_held_pages(block_type* b) {
+    if constexpr (is_vmm_device_v<Device>) {
+      const auto [first, last] = page_span(b);
+      vmm_.release_hold(*b->seg, first, last, [&](detail::page_id id) {
+        for (const auto& m : vmm_.page(id).mappings) {
+          if (m.seg != b->seg) unshadow(m.seg, m.index);
+        }
+      });
+    } else {
+      (void)b;
+    }
+  }
+
+  // Free block b (out of the index, mapped) lies on pages that other ranges hold: those pages
+  // become shadowed blocks and what is left goes back to the index. False, b unchanged, when no
+  // page of b is held elsewhere.
+  bool shadow_held_pages(block_type* b) {
+    if constexpr (is_vmm_device_v<Device>) {
+      segment_type* s = b->seg;
+      pool_type& p = *b->owner;
+      const std::size_t page = s->page_size;
+      auto [first, last] = page_span(b);
+      std::size_t i = first;
+      while (i < last && !vmm_.held_elsewhere(*s, i)) ++i;
+      if (i == last) return false;
+      block_type* rest = b;  // the part not yet looked at, from position i's page on
+      while (i < last) {
+        std::size_t j = i;
+        while (j < last && vmm_.held_elsewhere(*s, j)) ++j;
+        const std::uintptr_t lo = s->ptr + i * page;
+        const std::uintptr_t hi = s->ptr + j * page;
+        if (lo < rest->ptr || hi > rest->ptr + rest->size) {
+          throw std::logic_error("gpumem invariant violated: a page held elsewhere is partly used");
+        }
+        if (lo > rest->ptr) {  // a free part before the held pages
+          block_type* held = cut(rest, lo);
+          index_insert(p, rest);
+          rest = held;
+        }
+        block_type* after = hi < rest->ptr + rest->size ? cut(rest, hi) : nullptr;
+        rest->shadowed = true;
+        try_merge_blocks(rest, rest->prev, p);  // with shadowed neighbours
+        p.shadowed.insert(rest);
+        if (after == nullptr) return true;
+        rest = after;
+        i = j;
+        while (i < last && !vmm_.held_elsewhere(*s, i)) ++i;
+      }
+      index_insert(p, rest);
+      return true;
+    } else {
+      (void)b;
+      return false;
+    }
+  }
+
+  // Position `index` of range s is free to use again: if a shadowed block covers it, that page
+  // becomes a free block (merged with its free neighbours, indexed).
+  void unshadow(segment_type* s, std::size_t index) {
+    pool_type& p = *s->owner;
+    const std::uintptr_t lo = s->ptr + index * s->page_size;
+    const std::uintptr_t hi = lo + s->page_size;
+    auto it = p.shadowed.upper_bound(lo);
+    if (it == p.shadowed.begin()) return;
+    block_type* b = *std::prev(it);
+    if (b->seg != s || b->ptr + b->size <= lo) return;  // a free block covers it: nothing to do
+    p.shadowed.erase(std::prev(it));
+    if (b->ptr < lo) {
+      block_type* page_block = cut(b, lo);
+      p.shadowed.insert(b);
+      b = page_block;
+    }
+    if (hi < b->ptr + b->size) p.shadowed.insert(cut(b, hi));
+    b->shadowed = false;
+    try_merge_blocks(b, b->prev, p);
+    try_merge_blocks(b, b->next, p);
+    index_insert(p, b);
+  }
+
+  // --- mapping and unmapping
+  // ------------------------------------------------------------------------
+
+  // Obtains `count` pages of `page` bytes for positions of range `target` in `out`. Stitch first
+  // takes free pages mapped elsewhere (to be shared), then creates the rest; expandable creates
+  // them all. On failure everything created is released and false returned.
+  bool acquire_pages(segment_type& target, std::size_t page, std::size_t count,
+                     std::vector<detail::page_id>& out, std::size_t& created,
+                     bool& fraction_refused) {
+    if constexpr (is_vmm_device_v<Device>) {
+      out.clear();
+      created = 0;
+      const bool small = target.owner->is_small;
       auto create = [&](std::size_t until) {
         while (out.size() < until) {
-          if (fraction_set_ &&
-              reserved_total_ + (out.size() + 1) * page > allowed_memory_maximum_) {
+          if (fraction_set_ && reserved_total_ + (created + 1) * page > allowed_memory_maximum_) {
             fraction_refused = true;
             return;
           }
-          const auto h = device_.create_physical(page);
-          if (h == typename Device::physical_handle{}) return;
+          const detail::page_id id = vmm_.create(page, small);
+          if (id == detail::no_page) return;
           ++stats_.num_device_alloc;
-          out.push_back(static_cast<std::uint64_t>(h));
+          ++created;
+          out.push_back(id);
         }
       };
       if (policy_ == allocator_policy::stitch) {
-        create(stitch_pages_to_create(page, count, returning));
-        steal_pages(count, lo, hi, out);
+        create(pages_to_create(*target.owner, page, count));
+        if (out.size() < count) {
+          std::vector<detail::page_id>& shared = shared_scratch_;
+          collect_free_pages(target, count - out.size(), shared);
+          out.insert(out.end(), shared.begin(), shared.end());
+        }
       }
       create(count);
       if (out.size() == count) return true;
-      // Stolen pages were already unmapped from their blocks and subtracted from reserved memory.
-      for (std::uint64_t h : out) {
-        device_.release_physical(static_cast<typename Device::physical_handle>(h));
-        ++stats_.num_device_free;
-      }
-      out.clear();
+      release_created(out, created);
       return false;
     } else {
-      (void)page, (void)count, (void)returning, (void)lo, (void)hi, (void)out,
-          (void)fraction_refused;
+      (void)target, (void)page, (void)count, (void)out, (void)created, (void)fraction_refused;
       return false;
     }
   }
 
-  // Stitch's headroom. Stealing keeps reserved memory at what is requested, but in a training
-  // loop's steady state it moves the same pages between the same ranges every step, and each move
-  // waits for the stream and calls the driver. So a miss first creates new pages while reserved
-  // memory stays within k_stitch_headroom of the high-water mark of requested bytes, and, once the
-  // workload has settled (that mark unchanged for k_stitch_settled_allocations allocations), it
-  // also creates the pages of positions that were stolen before (the back-and-forth) within
-  // k_stitch_settle_limit. Beyond those bounds, and whenever the device or the memory fraction
-  // refuses, pages are stolen: fragmentation never causes an out-of-memory error.
-  static constexpr double k_stitch_headroom = 0.015;
-  static constexpr double k_stitch_settle_limit = 0.02;
-  static constexpr std::uint64_t k_stitch_settled_allocations = 1024;
-
-  std::size_t stitch_pages_to_create(std::size_t page, std::size_t count,
-                                     std::size_t returning) const noexcept {
-    const auto high_water = static_cast<double>(requested_high_water_);
-    auto pages_within = [&](double limit) -> std::size_t {
-      const double room = (1.0 + limit) * high_water - static_cast<double>(reserved_total_);
-      return room > 0 ? static_cast<std::size_t>(room / static_cast<double>(page)) : 0;
-    };
-    std::size_t n = pages_within(k_stitch_headroom);
-    if (returning > 0 && settled()) {
-      n = std::max(n, std::min(returning, pages_within(k_stitch_settle_limit)));
-    }
-    return std::min(n, count);
-  }
-
-  bool settled() const noexcept {
-    const std::uint64_t allocations = allocation_total();
-    return allocations >= high_water_at_ &&
-           allocations - high_water_at_ >= k_stitch_settled_allocations;
-  }
-
-  std::uint64_t allocation_total() const noexcept {
-    const stat_array a = counts_.get(counter::allocation);
-    return static_cast<std::uint64_t>(std::max<std::int64_t>(a[0].allocated, 0));
-  }
-
-  // Raises the high-water mark of requested bytes (counting a request of `pending` bytes being
-  // served) from the peak statistic, which users may reset; notes when it last grew.
-  void note_requested_high_water(std::size_t pending = 0) noexcept {
-    const auto current = static_cast<std::size_t>(counts_.current(counter::requested_bytes));
-    const auto peak = static_cast<std::size_t>(counts_.peak(counter::requested_bytes));
-    const std::size_t mark = std::max(peak, current + pending);
-    const std::uint64_t allocations = allocation_total();
-    if (mark > requested_high_water_ || allocations < high_water_at_) {
-      requested_high_water_ = std::max(mark, requested_high_water_);
-      high_water_at_ = allocations;
+  // Releases the pages acquire_pages created (those mapped nowhere yet).
+  void release_created(std::vector<detail::page_id>& ids, std::size_t created) {
+    if constexpr (is_vmm_device_v<Device>) {
+      for (detail::page_id id : ids) {
+        if (created == 0) break;
+        if (!vmm_.page(id).mappings.empty()) continue;
+        vmm_.release(id);
+        ++stats_.num_device_free;
+        --created;
+      }
+      ids.clear();
+    } else {
+      (void)ids, (void)created;
     }
   }
 
-  // Unmaps up to `count` whole pages from free mapped blocks outside [lo, hi), and not touching it
-  // within its segment (the run of blocks a miss is assembling there), largest first, and hands
-  // their physical allocations over in `out`.
-  void steal_pages(std::size_t count, std::uintptr_t lo, std::uintptr_t hi,
-                   std::vector<std::uint64_t>& out) {
-    struct victim {
-      block_type* block;
-      std::size_t pages;
-    };
-    std::vector<victim> victims;
-    for (auto& sp : stream_pools_) {
-      sp->for_each([&](pool_type& q) {
-        q.index.for_each([&](block_type* b) {
-          const segment_type* s = b->seg;
-          const bool run_segment = lo >= s->ptr && lo < s->ptr + s->size;
-          if (run_segment && b->ptr <= hi && b->ptr + b->size >= lo) return;
-          if (const std::size_t n = interior_pages(b)) victims.push_back({b, n});
+  // Stitch: up to `count` free pages that can be mapped in range `target` as well: whole pages
+  // inside free blocks of any pool, used by no range, not mapped in `target` yet. The target's own
+  // stream first (no wait between streams), then the largest free runs, then the lowest address.
+  void collect_free_pages(const segment_type& target, std::size_t count,
+                          std::vector<detail::page_id>& out) {
+    if constexpr (is_vmm_device_v<Device>) {
+      out.clear();
+      struct source {
+        detail::stitch_policy::page_source order;
+        block_type* block;
+      };
+      std::vector<source> sources;
+      for (auto& sp : stream_pools_) {
+        sp->for_each([&](pool_type& q) {
+          if (q.is_small) return;  // sub-page blocks: a shared page would shadow many of them
+          q.index.for_each([&](block_type* b) {
+            if (b->seg == &target || b->seg->page_size != target.page_size) return;
+            if (const std::size_t n = interior_pages(b)) {
+              sources.push_back({{b->ptr, n, b->freed_at, !(q.stream == target.stream)}, b});
+            }
+          });
         });
+      }
+      std::sort(sources.begin(), sources.end(), [](const source& a, const source& b) {
+        return detail::stitch_policy::shared_before(a.order, b.order);
       });
-    }
-    std::sort(victims.begin(), victims.end(), [](const victim& a, const victim& b) {
-      return a.pages != b.pages ? a.pages > b.pages : a.block->ptr < b.block->ptr;
-    });
-    std::vector<stream_type> waited;
-    for (const victim& v : victims) {
-      if (out.size() >= count) break;
-      segment_type* s = v.block->seg;
-      wait_for_stream(v.block->owner->stream, waited);
-      unmap_pages(v.block, count - out.size(), false, &out);
-      const bool holds_target = lo >= s->ptr && lo < s->ptr + s->size;
-      if (s->mapped_pages == 0 && !holds_target) destroy_vmm_segment(s);
+      for (const source& src : sources) {
+        const segment_type* s = src.block->seg;
+        const std::size_t first = round_up(src.block->ptr - s->ptr, s->page_size) / s->page_size;
+        for (std::size_t i = first; i < first + src.order.pages && out.size() < count; ++i) {
+          const detail::page_id id = s->pages[i];
+          if (vmm_.held_elsewhere(*s, i) || vmm_.mapped_in(id, target) ||
+              std::find(out.begin(), out.end(), id) != out.end()) {
+            continue;
+          }
+          out.push_back(id);
+        }
+        if (out.size() == count) return;
+      }
+    } else {
+      (void)target, (void)count, (void)out;
     }
   }
 
@@ -1279,181 +1473,147 @@ class caching_allocator {
     return last > first ? last - first : 0;
   }
 
-  // PyTorch's unmap_block: unmaps the whole pages inside free mapped block b (at most max_pages,
-  // from its high end), leaving mapped free blocks for the partial pages at its edges. The physical
-  // allocations are released, or handed over in `stolen`. Returns the number of pages unmapped.
-  std::size_t unmap_pages(block_type* b, std::size_t max_pages, bool release,
-                          std::vector<std::uint64_t>* stolen) {
+  // The stats of pages that vmm_pages released (their last mapping went).
+  void count_released(const detail::physical_page<stream_type>& page) {
+    ++stats_.num_device_free;
+    reserved_total_ -= page.bytes;
+    counts_.decrease(page.small, counter::reserved_bytes, as_i64(page.bytes));
+  }
+
+  // PyTorch's unmap_block: unmaps the whole pages inside free block b (mapped, or shadowed: then
+  // all of it), leaving mapped free blocks for the partial pages at its edges. The host waited for
+  // b's stream (release_vmm_cache). Pages mapped nowhere any more are released.
+  void unmap_block(block_type* b) {
     if constexpr (is_vmm_device_v<Device>) {
       segment_type* s = b->seg;
       pool_type& p = *b->owner;
       const std::size_t page = s->page_size;
-      std::size_t first = round_up(b->ptr - s->ptr, page) / page;
+      const std::size_t first = round_up(b->ptr - s->ptr, page) / page;
       const std::size_t last = (b->ptr + b->size - s->ptr) / page;
-      if (last <= first || max_pages == 0) return 0;
-      if (last - first > max_pages) first = last - max_pages;
-      const std::size_t n = last - first;
+      if (last <= first) return;
       const std::uintptr_t range_lo = s->ptr + first * page;
       const std::uintptr_t range_hi = s->ptr + last * page;
       if (observer_) {  // before the pages go: an observer may have to deregister them
         notify(allocator_action::segment_unmap, range_lo, range_hi - range_lo, p.stream);
       }
-      device_.unmap(range_lo, range_hi - range_lo);
-      for (std::size_t i = first; i < last; ++i) {
-        const std::uint64_t h = s->pages[i];
-        s->pages[i] = 0;
-        s->stolen[i] = release ? 0 : 1;
-        if (release) {
-          device_.release_physical(static_cast<typename Device::physical_handle>(h));
-          ++stats_.num_device_free;
-        } else {
-          stolen->push_back(h);
-        }
+      vmm_.unmap(*s, first, last - first,
+                 [&](const detail::physical_page<stream_type>& pg) { count_released(pg); });
+      if (b->shadowed) {
+        p.shadowed.erase(b);  // page-aligned: all of it goes
+      } else {
+        p.index.erase(b);
+        if (range_lo > b->ptr) index_insert(p, cut_low(b, range_lo));
+        if (range_hi < b->ptr + b->size) index_insert(p, cut(b, range_hi));
       }
-      s->mapped_pages -= n;
-      reserved_total_ -= n * page;
-      counts_.decrease(p.is_small, counter::reserved_bytes, as_i64(n * page));
-
-      p.index.erase(b);
-      if (range_lo > b->ptr) {
-        block_type* before = block_pool_.create(b->ptr, range_lo - b->ptr, &p, s);
-        splice(before, b->prev, b);
-        index_insert(p, before);
-      }
-      if (range_hi < b->ptr + b->size) {
-        block_type* after = block_pool_.create(range_hi, b->ptr + b->size - range_hi, &p, s);
-        splice(after, b, b->next);
-        index_insert(p, after);
-      }
-      b->ptr = range_lo;
-      b->size = range_hi - range_lo;
       b->mapped = false;
+      b->shadowed = false;
       try_merge_blocks(b, b->prev, p);
       try_merge_blocks(b, b->next, p);
       p.unmapped.insert(b);
-      return n;
     } else {
-      (void)b, (void)max_pages, (void)release, (void)stolen;
-      return 0;
+      (void)b;
     }
+  }
+
+  // Cuts block b at `at`: the low part becomes a new block (returned, same state, not listed), b
+  // keeps the high part.
+  block_type* cut_low(block_type* b, std::uintptr_t at) {
+    block_type* low = block_pool_.create(b->ptr, at - b->ptr, b->owner, b->seg);
+    low->mapped = b->mapped;
+    low->shadowed = b->shadowed;
+    splice(low, b->prev, b);
+    b->size -= at - b->ptr;
+    b->ptr = at;
+    return low;
   }
 
   // PyTorch's map_block: maps the first `size` bytes (rounded up to pages) of unmapped block
   // `to_map`, merges the result with free mapped neighbours and indexes it.
-  bool map_block(block_type* to_map, std::size_t size, std::uintptr_t lo, std::uintptr_t hi,
-                 bool& fraction_refused) {
+  bool map_block(block_type* to_map, std::size_t size, bool& fraction_refused) {
     if constexpr (is_vmm_device_v<Device>) {
       segment_type* s = to_map->seg;
       pool_type& p = *to_map->owner;
       const std::size_t page = s->page_size;
       const std::size_t first = (to_map->ptr - s->ptr) / page;
       const std::size_t n = round_up(size, page) / page;
-      std::vector<std::uint64_t> handles;
-      const auto stolen_begin = s->stolen.begin() + static_cast<std::ptrdiff_t>(first);
-      const auto returning = static_cast<std::size_t>(
-          std::count(stolen_begin, stolen_begin + static_cast<std::ptrdiff_t>(n), 1));
-      if (!acquire_pages(page, n, returning, lo, hi, handles, fraction_refused)) return false;
-      std::size_t mapped = 0;
+      std::vector<detail::page_id>& ids = page_scratch_;
+      std::size_t created = 0;
+      if (!acquire_pages(*s, page, n, ids, created, fraction_refused)) return false;
       try {
-        for (; mapped < n; ++mapped) {
-          device_.map(to_map->ptr + mapped * page, page, 0,
-                      static_cast<typename Device::physical_handle>(handles[mapped]));
-        }
-        device_.set_access(to_map->ptr, n * page);
+        vmm_.map(*s, first, ids.data(), n);
       } catch (const cuda_error& e) {
-        if (mapped > 0) device_.unmap(to_map->ptr, mapped * page);
-        for (std::uint64_t h : handles) {
-          device_.release_physical(static_cast<typename Device::physical_handle>(h));
-          ++stats_.num_device_free;
-        }
+        release_created(ids, created);
         if (!is_out_of_memory(e)) throw;
         return false;
       }
-      for (std::size_t i = 0; i < n; ++i) {
-        s->pages[first + i] = handles[i];
-        s->stolen[first + i] = 0;
-      }
       if (observer_) notify(allocator_action::segment_map, to_map->ptr, n * page, p.stream);
-      s->mapped_pages += n;
-      reserved_total_ += n * page;
-      counts_.increase(p.is_small, counter::reserved_bytes, as_i64(n * page));
+      reserved_total_ += created * page;
+      counts_.increase(p.is_small, counter::reserved_bytes, as_i64(created * page));
 
       p.unmapped.erase(to_map);
       to_map->mapped = true;
       if (n * page < to_map->size) {
-        block_type* rest =
-            block_pool_.create(to_map->ptr + n * page, to_map->size - n * page, &p, s);
+        block_type* rest = cut(to_map, to_map->ptr + n * page);
         rest->mapped = false;
-        splice(rest, to_map, to_map->next);
         p.unmapped.insert(rest);
-        to_map->size = n * page;
       }
       try_merge_blocks(to_map, to_map->prev, p);
       try_merge_blocks(to_map, to_map->next, p);
       index_insert(p, to_map);
       return true;
     } else {
-      (void)to_map, (void)size, (void)lo, (void)hi, (void)fraction_refused;
+      (void)to_map, (void)size, (void)fraction_refused;
       return false;
     }
   }
 
-  // empty_cache and the out-of-memory retry: unmap and release every whole free page, then give
+  // empty_cache and the out-of-memory retry: unmap every whole free page (shadowed ones too) after
+  // waiting for the streams that used them, release the pages mapped nowhere any more, then give
   // back the address ranges that have nothing mapped.
   void release_vmm_cache() {
-    std::vector<block_type*> free_blocks;
-    for (auto& sp : stream_pools_) {
-      sp->for_each([&](pool_type& p) {
-        p.index.for_each([&](block_type* b) {
-          if (interior_pages(b) > 0) free_blocks.push_back(b);
+    if constexpr (is_vmm_device_v<Device>) {
+      std::vector<block_type*> free_blocks;
+      std::vector<stream_type> streams;
+      for (auto& sp : stream_pools_) {
+        sp->for_each([&](pool_type& p) {
+          const std::size_t before = free_blocks.size();
+          p.index.for_each([&](block_type* b) {
+            if (interior_pages(b) > 0) free_blocks.push_back(b);
+          });
+          for (block_type* b : p.shadowed) free_blocks.push_back(b);
+          if (free_blocks.size() > before &&
+              std::find(streams.begin(), streams.end(), p.stream) == streams.end()) {
+            streams.push_back(p.stream);
+          }
         });
-      });
-    }
-    std::vector<stream_type> waited;
-    for (block_type* b : free_blocks) {
-      wait_for_stream(b->owner->stream, waited);
-      unmap_pages(b, std::numeric_limits<std::size_t>::max(), true, nullptr);
-    }
-    for (segment_type* s = segments_; s != nullptr;) {
-      segment_type* next = s->next;
-      if (s->page_size != 0 && s->mapped_pages == 0) destroy_vmm_segment(s);
-      s = next;
+      }
+      vmm_.order_before_unmap(streams);
+      for (block_type* b : free_blocks) unmap_block(b);
+      for (segment_type* s = segments_; s != nullptr;) {
+        segment_type* next = s->next;
+        if (s->page_size != 0 && s->mapped_pages == 0) destroy_vmm_segment(s);
+        s = next;
+      }
     }
   }
 
-  // Destructor helper: unmaps and releases every page and the address range. May throw.
+  // Destructor helper: unmaps every page and releases the address range; the pages are released
+  // with their last mapping. May throw.
   void release_vmm_segment_unchecked(segment_type* s) {
     if constexpr (is_vmm_device_v<Device>) {
-      for (std::size_t i = 0; i < s->pages.size(); ++i) {
-        if (s->pages[i] == 0) continue;
-        device_.unmap(s->ptr + i * s->page_size, s->page_size);
-        device_.release_physical(static_cast<typename Device::physical_handle>(s->pages[i]));
+      for (std::size_t i = 0; i < s->pages.size();) {
+        std::size_t j = i;
+        while (j < s->pages.size() && s->pages[j] != detail::no_page) ++j;
+        if (j > i) vmm_.unmap(*s, i, j - i, [](const detail::physical_page<stream_type>&) {});
+        i = j + 1;
       }
-      device_.free_address(s->ptr, s->size);
+      vmm_.free_range(*s);
     } else {
       (void)s;
     }
   }
 
   // --- stream events -----------------------------------------------------------------------------
-
-  // A free block may still be read by work queued on its stream before the free (the stream
-  // reuses it in order), and cuMemUnmap, unlike cudaFree, does not wait for that work. So before
-  // pages of free blocks are unmapped, the work queued on their streams is waited for, once per
-  // stream per batch (`waited`), as PyTorch synchronises a segment's stream before unmapping.
-  void wait_for_stream(stream_type stream, std::vector<stream_type>& waited) {
-    if (std::find(waited.begin(), waited.end(), stream) != waited.end()) return;
-    waited.push_back(stream);
-    event_type e = take_event();
-    try {
-      device_.record_event(e, stream);
-      device_.synchronize_event(e);
-    } catch (...) {
-      free_events_.push_back(e);
-      throw;
-    }
-    free_events_.push_back(e);
-  }
 
   event_type take_event() {
     if (free_events_.empty()) return device_.create_event();
@@ -1568,9 +1728,7 @@ class caching_allocator {
       throw std::logic_error("gpumem invariant violated: " + what);
     };
     const std::size_t page = s->page_size;
-    std::size_t mapped = 0;
-    for (std::uint64_t h : s->pages) mapped += h != 0 ? 1 : 0;
-    if (mapped != s->mapped_pages) fail("segment's mapped page count is wrong");
+    if (s->stream != s->owner->stream) fail("segment's stream is not its pool's");
     for (const block_type* b = s->head; b != nullptr; b = b->next) {
       const std::size_t first = (b->ptr - s->ptr) / page;
       const std::size_t last = round_up(b->ptr + b->size - s->ptr, page) / page;
@@ -1589,7 +1747,58 @@ class caching_allocator {
           if (s->pages[i] == 0)
             fail(fmt::format("mapped block {:#x} has an unmapped page", b->ptr));
         }
+        if (b->shadowed) {
+          if ((b->ptr - s->ptr) % page != 0 || b->size % page != 0)
+            fail("shadowed block not page-aligned");
+          if (b->allocated || b->event_count > 0 || b->indexed) fail("shadowed block in use");
+          if (s->owner->shadowed.count(const_cast<block_type*>(b)) == 0)
+            fail("shadowed block not listed");
+        }
       }
+    }
+  }
+
+  // The VMM pages: vmm_pages checks itself against the blocks; their bytes are what the VMM ranges
+  // reserve; a shadowed block lies on pages another range holds, and only there (pages are
+  // unshadowed as soon as they are free).
+  void check_shared_pages(std::int64_t& all, std::int64_t& small, std::int64_t& large,
+                          std::size_t& reserved) const {
+    if constexpr (is_vmm_device_v<Device>) {
+      std::map<const segment_type*, std::vector<std::uint32_t>> users;  // per range and position
+      for (const segment_type* s = segments_; s != nullptr; s = s->next) {
+        if (s->page_size == 0) continue;
+        std::vector<std::uint32_t>& u = users[s];
+        u.assign(s->pages.size(), 0);
+        for (const block_type* b = s->head; b != nullptr; b = b->next) {
+          const auto [first, last] = page_span(b);
+          if (b->allocated || b->event_count > 0) {
+            for (std::size_t i = first; i < last; ++i) ++u[i];
+          }
+          if (b->shadowed) {
+            for (std::size_t i = first; i < last; ++i) {
+              if (!vmm_.held_elsewhere(*s, i)) {
+                throw std::logic_error(fmt::format(
+                    "gpumem invariant violated: shadowed block {:#x} lies on a free page", b->ptr));
+              }
+            }
+          }
+        }
+      }
+      vmm_.check(
+          [&](auto&& visit) {
+            for (const segment_type* s = segments_; s != nullptr; s = s->next) {
+              if (s->page_size != 0) visit(*s);
+            }
+          },
+          [&](const segment_type& s, std::size_t index) -> std::size_t {
+            return users.at(&s)[index];
+          });
+      small += as_i64(vmm_.small_bytes());
+      large += as_i64(vmm_.large_bytes());
+      all += as_i64(vmm_.small_bytes() + vmm_.large_bytes());
+      reserved += vmm_.small_bytes() + vmm_.large_bytes();
+    } else {
+      (void)all, (void)small, (void)large, (void)reserved;
     }
   }
 
@@ -1624,7 +1833,8 @@ class caching_allocator {
     for (const segment_type* s = segments_; s != nullptr; s = s->next) {
       ranges.emplace_back(s->ptr, s->ptr + s->size);
       const bool vmm = s->page_size != 0;
-      const std::size_t seg_reserved = vmm ? s->mapped_pages * s->page_size : s->size;
+      // A VMM range's memory is its physical pages, counted once below (they may be shared).
+      const std::size_t seg_reserved = vmm ? 0 : s->size;
       reserved += seg_reserved;
       if (vmm) check_vmm_segment(s);
       if (s->head == nullptr || s->head->prev != nullptr)
@@ -1645,7 +1855,7 @@ class caching_allocator {
         if (b->next != nullptr && b->next->prev != b) fail("broken prev/next links");
         expect += b->size;
         const bool pending = !b->allocated && b->event_count > 0;
-        const bool is_free = !b->allocated && !pending && b->mapped;
+        const bool is_free = !b->allocated && !pending && b->mapped && !b->shadowed;
         if (b->allocated) {
           ++allocated_blocks;
           if (allocated_.find(b->ptr) != b) fail("allocated block missing from the pointer map");
@@ -1662,14 +1872,15 @@ class caching_allocator {
           if (!b->indexed) fail(fmt::format("free block {:#x} is not indexed", b->ptr));
           ++indexed_blocks;
           if (b->next != nullptr && !b->next->allocated && b->next->event_count == 0 &&
-              b->next->stream_uses.empty() && b->next->mapped) {
+              b->next->stream_uses.empty() && b->next->mapped && !b->next->shadowed) {
             fail(fmt::format("free neighbours {:#x} and {:#x} were not merged", b->ptr,
                              b->next->ptr));
           }
         } else if (b->indexed) {
           fail("busy or unmapped block is in the free index");
         }
-        if (!b->mapped) continue;  // unmapped blocks hold nothing; check_vmm_segment checks them
+        // Unmapped and shadowed blocks hold nothing of their own; check_vmm_segment checks them.
+        if (!b->mapped || b->shadowed) continue;
         for (std::size_t t : {std::size_t{0}, pt}) {
           if (b->allocated) {
             rc[t].allocation += 1;
@@ -1732,6 +1943,7 @@ class caching_allocator {
         unmapped_blocks += b->mapped ? 0 : 1;
     }
     if (unmapped_listed != unmapped_blocks) fail("unmapped sets hold blocks that are not unmapped");
+    check_shared_pages(rc[0].reserved_bytes, rc[1].reserved_bytes, rc[2].reserved_bytes, reserved);
     if (reserved != reserved_total_) fail("reserved total disagrees with the segments");
     auto check = [&](const stat_array& a, std::int64_t recount::*field, const char* name) {
       for (std::size_t t = 0; t < num_stat_types; ++t) {
@@ -1783,10 +1995,15 @@ class caching_allocator {
   std::size_t granularity_ = 0;  // VMM page size (VMM policies only)
   std::int64_t peak_seen_ = -1;
   std::int64_t allocated_at_peak_ = 0;
-  std::size_t requested_high_water_ = 0;       // stitch: see stitch_pages_to_create
-  std::uint64_t high_water_at_ = 0;            // allocation_total() when it last grew
-  event_observer observer_;                    // set_event_observer; empty: nobody listens
-  mutable std::exception_ptr observer_error_;  // the first exception an observer threw (notify)
+  // The VMM policies' pages and ranges (nothing on devices without virtual memory management).
+  std::conditional_t<is_vmm_device_v<Device>, detail::vmm_pages<Device>,
+                     detail::no_vmm_pages<Device>>
+      vmm_;
+  std::vector<detail::page_id> page_scratch_;    // map_block's list of pages
+  std::vector<detail::page_id> shared_scratch_;  // acquire_pages' list of free pages to share
+  detail::stitch_policy stitch_;                 // stitch's thresholds and what it has seen
+  event_observer observer_;                      // set_event_observer; empty: nobody listens
+  mutable std::exception_ptr observer_error_;    // the first exception an observer threw (notify)
 };
 
 }  // namespace gpumem

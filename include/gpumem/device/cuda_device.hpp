@@ -176,6 +176,18 @@ class cuda_device {
     detail::throw_cuda_error(status, fmt::format("cudaEventQuery({})", ptr(event)), index_);
   }
 
+  /// cudaStreamWaitEvent(stream, event, 0): the stream's later work waits for the event's work
+  /// on the GPU; the host does not wait. Thread-safe. Throws cuda_error.
+  void stream_wait_event(stream_type stream, event_type event) {
+    detail::cuda_device_guard guard(index_);
+    const cudaError_t status = cudaStreamWaitEvent(stream, event, 0);
+    if (status != cudaSuccess) {
+      detail::throw_cuda_error(
+          status, fmt::format("cudaStreamWaitEvent(stream {}, {})", ptr(stream), ptr(event)),
+          index_);
+    }
+  }
+
   /// cudaEventSynchronize. Thread-safe. Throws cuda_error.
   void synchronize_event(event_type event) {
     detail::cuda_device_guard guard(index_);

@@ -49,6 +49,8 @@
 //   void map(std::uintptr_t va, std::size_t size, std::size_t offset, physical_handle);  // cuMemMap
 //   void unmap(std::uintptr_t va, std::size_t size);    // cuMemUnmap
 //   void set_access(std::uintptr_t va, std::size_t size);  // cuMemSetAccess (read/write)
+//   void stream_wait_event(stream_type, event_type);    // cudaStreamWaitEvent: the stream's later
+//                                                       // work waits for the event (no host wait)
 // clang-format on
 //
 // Also here: call_kind / call_counters / cost_model, the vocabulary for counting device calls and
@@ -91,10 +93,11 @@ enum class call_kind : std::uint8_t {
   mem_map,             ///< cuMemMap
   mem_unmap,           ///< cuMemUnmap
   set_access,          ///< cuMemSetAccess
+  stream_wait_event,   ///< cudaStreamWaitEvent
 };
 
 /// Number of call_kind values.
-inline constexpr std::size_t call_kind_count = 18;
+inline constexpr std::size_t call_kind_count = 19;
 
 /// Every call_kind in declaration order, for loops over kinds.
 inline constexpr std::array<call_kind, call_kind_count> all_call_kinds = {
@@ -115,7 +118,8 @@ inline constexpr std::array<call_kind, call_kind_count> all_call_kinds = {
     call_kind::mem_release,
     call_kind::mem_map,
     call_kind::mem_unmap,
-    call_kind::set_access};
+    call_kind::set_access,
+    call_kind::stream_wait_event};
 
 /// The field name of a call kind ("malloc", "event_query", ...). Thread-safe; never throws.
 constexpr std::string_view call_kind_name(call_kind kind) noexcept {
@@ -136,7 +140,8 @@ constexpr std::string_view call_kind_name(call_kind kind) noexcept {
                                                        "mem_release",
                                                        "mem_map",
                                                        "mem_unmap",
-                                                       "set_access"};
+                                                       "set_access",
+                                                       "stream_wait_event"};
   return names[static_cast<std::size_t>(kind)];
 }
 
@@ -160,7 +165,8 @@ constexpr std::string_view cuda_call_name(call_kind kind) noexcept {
                                                        "cuMemRelease",
                                                        "cuMemMap",
                                                        "cuMemUnmap",
-                                                       "cuMemSetAccess"};
+                                                       "cuMemSetAccess",
+                                                       "cudaStreamWaitEvent"};
   return names[static_cast<std::size_t>(kind)];
 }
 
@@ -185,6 +191,7 @@ struct call_counters {
   std::size_t mem_map = 0;
   std::size_t mem_unmap = 0;
   std::size_t set_access = 0;
+  std::size_t stream_wait_event = 0;
 
   /// The counter of one kind. Never throws.
   std::size_t& operator[](call_kind kind) noexcept;
@@ -196,6 +203,11 @@ struct call_counters {
   std::size_t memory_calls() const noexcept {
     return malloc + free + address_reserve + address_free + mem_create + mem_release + mem_map +
            mem_unmap + set_access + event_synchronize + device_synchronize;
+  }
+  /// The calls that make the host wait for the device: event and device synchronisations and
+  /// cudaFree (which synchronises the device implicitly). Never throws.
+  std::size_t host_synchronizations() const noexcept {
+    return free + event_synchronize + device_synchronize;
   }
 
   friend bool operator==(const call_counters& a, const call_counters& b) noexcept {
@@ -234,7 +246,8 @@ inline constexpr std::array<std::size_t call_counters::*, call_kind_count> count
     &call_counters::mem_release,
     &call_counters::mem_map,
     &call_counters::mem_unmap,
-    &call_counters::set_access};
+    &call_counters::set_access,
+    &call_counters::stream_wait_event};
 }  // namespace detail
 
 inline std::size_t& call_counters::operator[](call_kind kind) noexcept {
@@ -272,6 +285,7 @@ struct cost_model {
   double mem_map = 0;
   double mem_unmap = 0;
   double set_access = 0;
+  double stream_wait_event = 0;
   // Seconds per byte, added to the per-call figure of a successful call.
   double malloc_per_byte = 0;
   double free_per_byte = 0;
@@ -286,7 +300,7 @@ struct cost_model {
   /// cudaMalloc ~100 us + ~0.5 ms/GiB, cudaFree ~200 us (its implied synchronisation included) +
   /// ~0.25 ms/GiB, cudaMemGetInfo ~10 us, events and streams a few us, cuMemCreate ~20 us +
   /// ~0.25 ms/GiB, cuMemMap ~5 us, cuMemUnmap ~20 us (TLB invalidation), cuMemSetAccess ~20 us
-  /// (it is known to be slow). Thread-safe; never throws.
+  /// (it is known to be slow), cudaStreamWaitEvent ~2 us. Thread-safe; never throws.
   static cost_model typical() noexcept {
     cost_model c;
     constexpr double per_gib = 1.0 / static_cast<double>(std::size_t{1} << 30);
@@ -311,6 +325,7 @@ struct cost_model {
     c.mem_map = 5e-6;
     c.mem_unmap = 2e-5;
     c.set_access = 2e-5;
+    c.stream_wait_event = 2e-6;
     return c;
   }
 
@@ -346,7 +361,8 @@ inline constexpr std::array<double cost_model::*, call_kind_count> cost_fields =
     &cost_model::mem_release,
     &cost_model::mem_map,
     &cost_model::mem_unmap,
-    &cost_model::set_access};
+    &cost_model::set_access,
+    &cost_model::stream_wait_event};
 }  // namespace detail
 
 inline double cost_model::seconds(call_kind kind, std::size_t bytes) const noexcept {
@@ -447,7 +463,10 @@ struct vmm_members<
                    decltype(std::declval<D&>().map(std::uintptr_t{}, std::size_t{}, std::size_t{},
                                                    std::declval<typename D::physical_handle>())),
                    decltype(std::declval<D&>().unmap(std::uintptr_t{}, std::size_t{})),
-                   decltype(std::declval<D&>().set_access(std::uintptr_t{}, std::size_t{}))>> {
+                   decltype(std::declval<D&>().set_access(std::uintptr_t{}, std::size_t{})),
+                   decltype(std::declval<D&>().stream_wait_event(
+                       std::declval<typename D::stream_type>(),
+                       std::declval<typename D::event_type>()))>> {
   using H = typename D::physical_handle;
   static constexpr bool value =
       std::is_trivially_copyable_v<H> &&

@@ -385,6 +385,17 @@ class simulated_device {
     charge_locked(call_kind::event_record);
   }
 
+  /// cudaStreamWaitEvent: work queued on `stream` from now on waits for the event's work on the
+  /// GPU; the host does not wait. The simulated device runs no work, so this is counted and
+  /// charged only (what a GPU would order, the strict CUDA simulator checks). Thread-safe. Throws
+  /// cuda_error (error_invalid_handle) for an unknown event or an unknown or destroyed stream.
+  void stream_wait_event(stream_type stream, event_type event) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    find_event_locked(event, "cudaStreamWaitEvent");
+    find_stream_locked(stream, "cudaStreamWaitEvent");
+    charge_locked(call_kind::stream_wait_event);
+  }
+
   /// cudaEventQuery: true when the recorded work has completed (see event_completion); true for
   /// an event never recorded. Thread-safe. Throws cuda_error (error_invalid_handle) for an unknown
   /// event.

@@ -176,13 +176,34 @@ struct replay_options {
   bool record_history = false;
   /// Called every few ten thousand events with (events done, events in all); may be empty.
   std::function<void(std::size_t, std::size_t)> progress;
+  /// Replays the trace this many times in a row (>= 1), as the steps of a training loop: what is
+  /// still live at the end of a step is freed before the next one starts. Event indices of
+  /// samples and snapshot_after_event count across steps (step k's event i is k * events + i).
+  std::size_t steps = 1;
+  /// Run caching_allocator::check_invariants after every step (for tests; O(blocks)).
+  bool check_invariants = false;
+};
+
+/// The device calls of one step of a replay (replay_options::steps).
+struct step_figures {
+  call_counters calls;              ///< every device call the step made
+  double simulated_seconds = 0;     ///< the time the cost model charged for them
+  std::uint64_t peak_reserved = 0;  ///< reserved memory's peak so far (this step included)
+  /// Calls that obtain, map or give back memory, or wait for the device
+  /// (call_counters::memory_calls).
+  std::size_t device_calls() const noexcept { return calls.memory_calls(); }
+  /// Calls that make the host wait for the device (call_counters::host_synchronizations).
+  std::size_t host_synchronizations() const noexcept { return calls.host_synchronizations(); }
+  /// Waits of one stream for another's work, on the GPU (cudaStreamWaitEvent).
+  std::size_t stream_waits() const noexcept { return calls.stream_wait_event; }
 };
 
 /// What one replay found.
 struct replay_result {
   std::string policy;  ///< the effective policy ("classic", "expandable", "stitch")
   bool completed = false;
-  std::optional<std::size_t> oom_event_index;
+  std::optional<std::size_t> oom_event_index;  ///< the event of the trace, in step oom_step
+  std::size_t oom_step = 0;                    ///< 0-based; 0 unless replay_options::steps > 1
   std::string oom_message;     ///< the out_of_memory error's message (with its diagnosis)
   std::string memory_summary;  ///< memory_summary() when the OOM happened
   std::uint64_t oom_request_bytes = 0;
@@ -196,7 +217,8 @@ struct replay_result {
   std::vector<replay_sample> samples;
   std::optional<std::size_t> snapshot_event;  ///< the event after which `segments` was taken
   std::vector<segment_snapshot<simulated_stream>> segments;
-  allocation_trace history;  ///< with replay_options::record_history, up to the OOM if any
+  allocation_trace history;         ///< with replay_options::record_history, up to the OOM if any
+  std::vector<step_figures> steps;  ///< one per step replayed (the step that ran out included)
 
   std::size_t device_alloc_calls() const noexcept { return calls.malloc + calls.mem_create; }
   std::size_t device_free_calls() const noexcept { return calls.free + calls.mem_release; }
@@ -256,77 +278,119 @@ inline replay_result replay_trace(const compiled_trace& trace, const replay_opti
     streams[0] = device.default_stream();
     for (std::size_t s = 1; s < streams.size(); ++s) streams[s] = device.create_stream();
     std::vector<void*> slots(trace.allocations, nullptr);
+    std::vector<std::uint64_t> unreleased(trace.allocations, 0);  // requested bytes still counted
     const call_counters before = device.counters();
     const double seconds_before = device.simulated_seconds();
     std::uint64_t requested = 0;
-    if (options.record_samples) r.samples.reserve(trace.ops.size());
+    const std::size_t steps = std::max<std::size_t>(options.steps, 1);
     const std::size_t n = trace.ops.size();
+    if (options.record_samples) r.samples.reserve(n * steps);
     constexpr std::size_t progress_every = std::size_t{1} << 16;
     const auto start = std::chrono::steady_clock::now();
-    std::size_t i = 0;
-    for (; i < n; ++i) {
-      const compiled_trace::op& o = trace.ops[i];
-      switch (o.kind) {
-        case op_kind::alloc:
-          try {
-            slots[o.slot] = alloc.allocate(o.size, streams[o.stream]);
-          } catch (const out_of_memory& e) {
-            r.oom_event_index = i;
-            r.oom_message = e.what();
-            r.oom_request_bytes = o.size;
-            r.memory_summary = alloc.memory_summary();
+    std::size_t done = 0;  // events replayed, all steps
+    for (std::size_t step = 0; step < steps && !r.oom_event_index; ++step) {
+      const call_counters step_before = device.counters();
+      const double step_seconds = device.simulated_seconds();
+      for (std::size_t i = 0; i < n; ++i) {
+        const compiled_trace::op& o = trace.ops[i];
+        void* const before_op = slots[o.slot];  // the block a free frees (for the history)
+        switch (o.kind) {
+          case op_kind::alloc:
+            try {
+              slots[o.slot] = alloc.allocate(o.size, streams[o.stream]);
+            } catch (const out_of_memory& e) {
+              r.oom_event_index = i;
+              r.oom_step = step;
+              r.oom_message = e.what();
+              r.oom_request_bytes = o.size;
+              r.memory_summary = alloc.memory_summary();
+              break;
+            }
+            unreleased[o.slot] = o.size;
+            requested += o.size;
+            if (requested > r.peak_requested) r.peak_requested = requested;
             break;
+          case op_kind::release:
+            requested -= o.size;
+            unreleased[o.slot] = 0;
+            break;
+          case op_kind::free:
+            alloc.deallocate(slots[o.slot]);
+            slots[o.slot] = nullptr;
+            break;
+          case op_kind::release_free:
+            requested -= o.size;
+            unreleased[o.slot] = 0;
+            alloc.deallocate(slots[o.slot]);
+            slots[o.slot] = nullptr;
+            break;
+          case op_kind::record_stream:
+            alloc.record_stream(slots[o.slot], streams[o.stream]);
+            break;
+          case op_kind::none:
+            break;
+        }
+        if (r.oom_event_index) break;
+        const std::size_t global = step * n + i;
+        if (options.record_history) {
+          detail::record(r.history, o, o.kind == op_kind::alloc ? slots[o.slot] : before_op,
+                         streams);
+        }
+        if (options.record_samples) {
+          const memory_usage u = alloc.usage();
+          r.samples.push_back(replay_sample{global, requested, u.allocated, u.reserved});
+        }
+        if (options.snapshot_after_event && *options.snapshot_after_event == global) {
+          r.segments = alloc.snapshot();
+          r.snapshot_event = global;
+        }
+        ++done;
+        if (options.progress && done % progress_every == 0) options.progress(done, n * steps);
+      }
+      // Between steps, what is still live goes, as a training loop frees the last step's tensors.
+      if (!r.oom_event_index && step + 1 < steps) {
+        for (std::size_t slot = 0; slot < slots.size(); ++slot) {
+          if (slots[slot] == nullptr) continue;
+          if (options.record_history) {
+            const auto address =
+                static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(slots[slot]));
+            r.history.events.push_back(
+                {trace_event_kind::free_requested, address, unreleased[slot], 0, no_time});
+            r.history.events.push_back(
+                {trace_event_kind::free_completed, address, unreleased[slot], 0, no_time});
           }
-          requested += o.size;
-          if (requested > r.peak_requested) r.peak_requested = requested;
-          break;
-        case op_kind::release:
-          requested -= o.size;
-          break;
-        case op_kind::free:
-          alloc.deallocate(slots[o.slot]);
-          break;
-        case op_kind::release_free:
-          requested -= o.size;
-          alloc.deallocate(slots[o.slot]);
-          break;
-        case op_kind::record_stream:
-          alloc.record_stream(slots[o.slot], streams[o.stream]);
-          break;
-        case op_kind::none:
-          break;
+          alloc.deallocate(slots[slot]);
+          slots[slot] = nullptr;
+          requested -= unreleased[slot];
+          unreleased[slot] = 0;
+        }
       }
-      if (r.oom_event_index) break;
-      if (options.record_history) detail::record(r.history, o, slots[o.slot], streams);
-      if (options.record_samples) {
-        const memory_usage u = alloc.usage();
-        r.samples.push_back(replay_sample{i, requested, u.allocated, u.reserved});
-      }
-      if (options.snapshot_after_event && *options.snapshot_after_event == i) {
-        r.segments = alloc.snapshot();
-        r.snapshot_event = i;
-      }
-      if (options.progress && (i + 1) % progress_every == 0) options.progress(i + 1, n);
+      if (options.check_invariants) alloc.check_invariants();
+      step_figures f;
+      f.calls = device.counters() - step_before;
+      f.simulated_seconds = device.simulated_seconds() - step_seconds;
+      f.peak_reserved = static_cast<std::uint64_t>(alloc.stats().reserved_bytes[0].peak);
+      r.steps.push_back(f);
     }
     r.wall_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    r.events_replayed = i;
+    r.events_replayed = done;
     if (options.record_history) {
-      r.history.initial_events = std::min(trace.initial_events, i);
+      r.history.initial_events = std::min(trace.initial_events, done);
       r.history.recorded_config = options.config.to_string();
       r.history.source = "gpumem-replay";
     }
     r.completed = !r.oom_event_index;
     if (r.oom_event_index && !r.snapshot_event) {
       r.segments = alloc.snapshot();
-      r.snapshot_event = *r.oom_event_index;
+      r.snapshot_event = r.oom_step * n + *r.oom_event_index;
     }
     const device_stats st = alloc.stats();
     r.peak_allocated = static_cast<std::uint64_t>(st.allocated_bytes[0].peak);
     r.peak_reserved = static_cast<std::uint64_t>(st.reserved_bytes[0].peak);
     r.calls = device.counters() - before;
     r.simulated_seconds = device.simulated_seconds() - seconds_before;
-    if (options.progress) options.progress(i, n);
+    if (options.progress) options.progress(done, n * steps);
   }
   return r;
 }
@@ -387,46 +451,5 @@ inline std::optional<std::size_t> find_min_device_memory(
     return ok;
   });
 }
-
-/// Replays a trace as one training step on an allocator the caller keeps, step after step: its
-/// allocations and frees in order (free_completed where the trace has them, else free_requested),
-/// then frees whatever is still live. For steady-state studies (how an allocator settles over a
-/// training loop); replay_trace is the one-shot, out-of-memory-aware replay.
-class step_replayer {
- public:
-  explicit step_replayer(const allocation_trace& trace) : trace_(trace) {
-    for (const auto& e : trace.events) {
-      has_completed_ = has_completed_ || e.kind == trace_event_kind::free_completed;
-    }
-  }
-
-  /// One step on `a` (any allocator with allocate(size) and deallocate(ptr)). Throws what the
-  /// allocator throws; what it had allocated before then stays live in it.
-  template <class Allocator>
-  void run(Allocator& a) {
-    const auto free_kind =
-        has_completed_ ? trace_event_kind::free_completed : trace_event_kind::free_requested;
-    live_.clear();
-    for (const auto& e : trace_.events) {
-      if (e.kind == trace_event_kind::alloc) {
-        auto it = live_.find(e.address);
-        if (it != live_.end()) a.deallocate(it->second);  // a free the trace did not record
-        live_[e.address] = a.allocate(static_cast<std::size_t>(e.size));
-      } else if (e.kind == free_kind) {
-        auto it = live_.find(e.address);
-        if (it == live_.end()) continue;
-        a.deallocate(it->second);
-        live_.erase(it);
-      }
-    }
-    for (auto& [address, p] : live_) a.deallocate(p);
-    live_.clear();
-  }
-
- private:
-  const allocation_trace& trace_;
-  std::unordered_map<std::uint64_t, void*> live_;
-  bool has_completed_ = false;
-};
 
 }  // namespace gpumem

@@ -98,14 +98,18 @@ struct sim_counters {
 };
 
 gpumem::call_counters calls_of(const gpumemSimCounters& c) {
-  static_assert(sizeof(gpumemSimCallCounts) == gpumem::call_kind_count * sizeof(unsigned long long),
-                "one counter per call kind");
-  unsigned long long v[gpumem::call_kind_count];
+  // gpumemSimCallCounts mirrors the call kinds up to cuMemSetAccess, in order; the simulator
+  // counts cudaStreamWaitEvent among its runtime calls.
+  constexpr std::size_t mirrored = gpumem::call_kind_count - 1;
+  static_assert(sizeof(gpumemSimCallCounts) == mirrored * sizeof(unsigned long long),
+                "one counter per call kind up to set_access");
+  unsigned long long v[mirrored];
   std::memcpy(v, &c.calls, sizeof v);
   gpumem::call_counters out;
-  for (std::size_t i = 0; i < gpumem::call_kind_count; ++i) {
+  for (std::size_t i = 0; i < mirrored; ++i) {
     out[gpumem::all_call_kinds[i]] = static_cast<std::size_t>(v[i]);
   }
+  out.stream_wait_event = static_cast<std::size_t>(c.stream_wait_event);
   return out;
 }
 

@@ -32,6 +32,7 @@ struct block {
   block* right = nullptr;
   std::uint64_t priority = 0;       // treap priority, fixed while indexed
   std::uint64_t gc_count_base = 0;  // pool's free-block-lookup counter when the block became free
+  std::uint64_t freed_at = 0;       // stitch: allocations made when it last became free (LRU)
   pool<Stream>* owner = nullptr;    // the (stream, small/large) pool the block belongs to
   segment<Stream>* seg = nullptr;
   std::vector<Stream> stream_uses;  // streams recorded with record_stream (rarely non-empty)
@@ -40,6 +41,9 @@ struct block {
   bool allocated = false;
   bool indexed = false;  // in its pool's free index
   bool mapped = true;    // false: a page-aligned range of a VMM segment with no physical memory
+  // Stitch: a page-aligned free range of mapped pages that another range holds (vmm_pages.hpp):
+  // not indexed, unusable until they are free again.
+  bool shadowed = false;
 
   block() = default;
   block(std::uintptr_t p, std::size_t s, pool<Stream>* o, segment<Stream>* sg) noexcept
@@ -54,15 +58,15 @@ struct segment {
   std::size_t size = 0;
   block<Stream>* head = nullptr;  // lowest-address block
   pool<Stream>* owner = nullptr;
-  // VMM segments (expandable and stitch policies): a reserved address range whose pages are mapped
-  // one physical allocation each; pages[i] is the handle mapped at ptr + i * page_size, 0 = none.
+  Stream stream{};  // the stream of the pool it belongs to
+  // VMM segments (expandable and stitch policies): a reserved address range whose positions of
+  // page_size bytes are each mapped to one physical page; pages[i] is the page (vmm_pages.hpp's
+  // id) at ptr + i * page_size, 0 = none.
   std::size_t page_size = 0;  // 0: a classic segment (one cudaMalloc)
-  std::vector<std::uint64_t> pages;
-  // Stitch: stolen[i] is 1 while page i is unmapped because another range took its memory; a miss
-  // that maps such a page again is the allocator moving the same memory back and forth.
-  std::vector<std::uint8_t> stolen;
+  std::vector<std::uint32_t> pages;
   std::size_t mapped_pages = 0;
-  segment* prev = nullptr;  // all segments of the allocator, in creation order
+  std::size_t shared_pages = 0;  // positions whose page is mapped in other ranges too (stitch)
+  segment* prev = nullptr;       // all segments of the allocator, in creation order
   segment* next = nullptr;
 };
 
