@@ -410,6 +410,28 @@ TEST(config_to_string, round_trips_every_key) {
             "large_segment_size_mb:64");
 }
 
+TEST(config_keys, stitch_thresholds) {
+  const auto c = allocator_config::parse(
+      "policy:stitch,stitch_headroom:0,stitch_settle_limit:0.05,stitch_recurring_limit:0.1,"
+      "stitch_recurring_misses:7,stitch_settled_allocations:99");
+  EXPECT_EQ(c.stitch_headroom, 0.0);
+  EXPECT_EQ(c.stitch_settle_limit, 0.05);
+  EXPECT_EQ(c.stitch_recurring_limit, 0.1);
+  EXPECT_EQ(c.stitch_recurring_misses, 7u);
+  EXPECT_EQ(c.stitch_settled_allocations, 99u);
+  EXPECT_EQ(allocator_config::parse(c.to_string()), c) << c.to_string();
+  EXPECT_TRUE(c.notes().empty());
+  EXPECT_THROW(allocator_config::parse("stitch_headroom:1"), config_error);
+  EXPECT_THROW(allocator_config::parse("stitch_settle_limit:-0.1"), config_error);
+  EXPECT_THROW(allocator_config::parse("stitch_recurring_misses:0"), config_error);
+  EXPECT_THROW(allocator_config::parse("stitch_settled_allocations:0"), config_error);
+  // gpumem's own keys: not in PyTorch's variables.
+  EXPECT_TRUE(allocator_config::parse("policy:classic,stitch_headroom:0.1").notes().size() == 1);
+  allocator_config bad;
+  bad.stitch_recurring_limit = 1.5;
+  EXPECT_THROW(bad.validate(), config_error);
+}
+
 TEST(config_to_string, round_trips_any_divisions_table) {
   std::mt19937 rng(12345);
   const std::array<std::size_t, 6> values{0, 1, 2, 4, 8, 16};

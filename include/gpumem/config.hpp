@@ -93,6 +93,21 @@ struct allocator_config {
   // ---- gpumem's own keys -----------------------------------------------------------------
   /// policy: auto | classic | expandable | stitch.
   allocator_policy policy = allocator_policy::automatic;
+  /// stitch_headroom: while reserved memory stays within this fraction above the high-water mark
+  /// of requested bytes, a stitch miss creates new pages before it shares free ones (see
+  /// docs/configuration.md, "Stitch's thresholds"). In [0, 1).
+  double stitch_headroom = 0.015;
+  /// stitch_settle_limit: the same bound once the workload has settled. In [0, 1).
+  double stitch_settle_limit = 0.02;
+  /// stitch_recurring_limit: the bound for a whole request in a pool that keeps missing after the
+  /// workload settled. In [0, 1).
+  double stitch_recurring_limit = 0.03;
+  /// stitch_recurring_misses: how many misses since the workload settled make a pool's misses
+  /// recurring. At least 1.
+  std::uint32_t stitch_recurring_misses = 3;
+  /// stitch_settled_allocations: allocations without a new high-water mark of requested bytes
+  /// after which the workload counts as settled. At least 1.
+  std::uint64_t stitch_settled_allocations = 1024;
 
   /// PyTorch's roundup_power2_divisions(size): the entry for floor(log2(size)) - 20, clamped to
   /// [0, 15]. (PyTorch would index 15 for size 0 through unsigned wrap-around; it never asks for 0,
@@ -164,7 +179,12 @@ struct allocator_config {
            a.pinned_num_register_threads == b.pinned_num_register_threads &&
            a.pinned_use_background_threads == b.pinned_use_background_threads &&
            a.pinned_reserve_segment_size == b.pinned_reserve_segment_size &&
-           a.backend == b.backend && a.policy == b.policy;
+           a.backend == b.backend && a.policy == b.policy &&
+           a.stitch_headroom == b.stitch_headroom &&
+           a.stitch_settle_limit == b.stitch_settle_limit &&
+           a.stitch_recurring_limit == b.stitch_recurring_limit &&
+           a.stitch_recurring_misses == b.stitch_recurring_misses &&
+           a.stitch_settled_allocations == b.stitch_settled_allocations;
   }
   friend bool operator!=(const allocator_config& a, const allocator_config& b) noexcept {
     return !(a == b);
@@ -191,7 +211,12 @@ inline constexpr std::array<std::string_view, 16> pytorch_config_keys{
     "pinned_num_register_threads",
     "pinned_use_background_threads",
     "pinned_reserve_segment_size_mb"};
-inline constexpr std::array<std::string_view, 1> gpumem_config_keys{"policy"};
+inline constexpr std::array<std::string_view, 6> gpumem_config_keys{"policy",
+                                                                    "stitch_headroom",
+                                                                    "stitch_settle_limit",
+                                                                    "stitch_recurring_limit",
+                                                                    "stitch_recurring_misses",
+                                                                    "stitch_settled_allocations"};
 
 inline bool is_pytorch_config_key(std::string_view key) noexcept {
   return std::find(pytorch_config_keys.begin(), pytorch_config_keys.end(), key) !=
@@ -346,6 +371,21 @@ inline void apply_config_entry(allocator_config& config, const config_entry& ent
     const std::string& name = single_value(entry, source).text;
     if (name != "native" && name != "cudaMallocAsync") fail("expected native or cudaMallocAsync");
     config.backend = name;
+  } else if (key == "stitch_headroom" || key == "stitch_settle_limit" ||
+             key == "stitch_recurring_limit") {
+    const double fraction = double_value();
+    if (!(fraction >= 0.0 && fraction < 1.0)) fail("must be in [0, 1): a fraction of memory");
+    (key == "stitch_headroom"       ? config.stitch_headroom
+     : key == "stitch_settle_limit" ? config.stitch_settle_limit
+                                    : config.stitch_recurring_limit) = fraction;
+  } else if (key == "stitch_recurring_misses") {
+    const std::uint64_t misses = uint_value();
+    if (misses == 0 || misses > 1000000) fail("must be from 1 to 1000000");
+    config.stitch_recurring_misses = static_cast<std::uint32_t>(misses);
+  } else if (key == "stitch_settled_allocations") {
+    const std::uint64_t allocations = uint_value();
+    if (allocations == 0) fail("must be at least 1");
+    config.stitch_settled_allocations = allocations;
   } else if (key == "policy") {
     const std::string& name = single_value(entry, source).text;
     if (name == "auto") {
@@ -519,6 +559,17 @@ inline void allocator_config::validate() const {
       fail("roundup_power2_divisions", std::to_string(d), "is neither 0 nor a power of two");
     }
   }
+  for (auto [key, fraction] : {std::pair<const char*, double>{"stitch_headroom", stitch_headroom},
+                               {"stitch_settle_limit", stitch_settle_limit},
+                               {"stitch_recurring_limit", stitch_recurring_limit}}) {
+    if (!(fraction >= 0.0 && fraction < 1.0)) {
+      fail(key, detail::config_double_text(fraction), "is outside [0, 1)");
+    }
+  }
+  if (stitch_recurring_misses == 0) fail("stitch_recurring_misses", "0", "must be at least 1");
+  if (stitch_settled_allocations == 0) {
+    fail("stitch_settled_allocations", "0", "must be at least 1");
+  }
   if (!detail::is_power_of_two(pinned_num_register_threads) || pinned_num_register_threads > 128) {
     fail("pinned_num_register_threads", std::to_string(pinned_num_register_threads),
          "is not a power of two up to 128");
@@ -599,6 +650,21 @@ inline std::string allocator_config::to_string() const {
     add("pinned_reserve_segment_size_mb", mib(pinned_reserve_segment_size));
   }
   if (policy != defaults.policy) add("policy", std::string(gpumem::to_string(policy)));
+  if (stitch_headroom != defaults.stitch_headroom) {
+    add("stitch_headroom", detail::config_double_text(stitch_headroom));
+  }
+  if (stitch_settle_limit != defaults.stitch_settle_limit) {
+    add("stitch_settle_limit", detail::config_double_text(stitch_settle_limit));
+  }
+  if (stitch_recurring_limit != defaults.stitch_recurring_limit) {
+    add("stitch_recurring_limit", detail::config_double_text(stitch_recurring_limit));
+  }
+  if (stitch_recurring_misses != defaults.stitch_recurring_misses) {
+    add("stitch_recurring_misses", std::to_string(stitch_recurring_misses));
+  }
+  if (stitch_settled_allocations != defaults.stitch_settled_allocations) {
+    add("stitch_settled_allocations", std::to_string(stitch_settled_allocations));
+  }
   return text;
 }
 
@@ -629,6 +695,16 @@ inline std::vector<std::string> allocator_config::notes() const {
       (policy == allocator_policy::classic || policy == allocator_policy::stitch)) {
     lines.emplace_back("expandable_segments:True has no effect: policy:" +
                        std::string(gpumem::to_string(policy)) + " was chosen explicitly");
+  }
+  const allocator_config defaults;
+  const bool stitch_set = stitch_headroom != defaults.stitch_headroom ||
+                          stitch_settle_limit != defaults.stitch_settle_limit ||
+                          stitch_recurring_limit != defaults.stitch_recurring_limit ||
+                          stitch_recurring_misses != defaults.stitch_recurring_misses ||
+                          stitch_settled_allocations != defaults.stitch_settled_allocations;
+  if (stitch_set && effective_policy(true) != allocator_policy::stitch) {
+    lines.emplace_back("the stitch_* keys have no effect: the policy is " +
+                       std::string(gpumem::to_string(effective_policy(true))));
   }
   // The pinned host pool (host/pinned_pool.hpp) honours pinned_use_cuda_host_register and
   // pinned_num_register_threads; these two have no counterpart there.

@@ -196,7 +196,7 @@ class caching_allocator {
   /// Throws config_error when a setting is out of range (allocator_config::validate).
   explicit caching_allocator(Device& device,
                              allocator_config config = allocator_config::from_environment())
-      : device_(device), config_(std::move(config)), vmm_(device) {
+      : device_(device), config_(std::move(config)), vmm_(device), stitch_(config_) {
     config_.validate();
     policy_ = config_.effective_policy(is_vmm_device_v<Device>);
     if constexpr (is_vmm_device_v<Device>) {

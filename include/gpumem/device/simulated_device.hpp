@@ -147,8 +147,10 @@ struct simulated_device_options {
   double event_delay_seconds = 0.0;  ///< timed mode: record-to-completion delay
   cost_model costs{};                ///< seconds charged per call (all zero = off)
   fault_injection faults{};          ///< off by default
-  /// Bytes of fake address space for segments and VMM reservations; 0 = max(8 × capacity,
-  /// 64 GiB). Reserved PROT_NONE / MAP_NORESERVE, so it costs no memory.
+  /// Bytes of fake address space for segments and VMM reservations; 0 = as much as a GPU has:
+  /// 16 TiB (or 8 × capacity if more), halved while the system refuses, down to 8 × capacity.
+  /// Reserved PROT_NONE / MAP_NORESERVE, so it costs no memory. PyTorch's expandable segments
+  /// reserve 9/8 of the device per stream and pool: a replay with ten streams needs terabytes.
   std::size_t address_space = 0;
 };
 
@@ -895,11 +897,14 @@ class simulated_device {
 
   void reserve_arena() {
     constexpr std::size_t min_space = std::size_t{64} << 30;
+    constexpr std::size_t gpu_like = std::size_t{16} << 40;
     constexpr std::size_t max_auto = std::size_t{64} << 40;
     std::size_t space = options_.address_space;
+    std::size_t floor = space;  // the least an automatic choice may fall back to
     if (space == 0) {
-      space =
+      floor =
           options_.capacity > max_auto / 8 ? max_auto : std::max(8 * options_.capacity, min_space);
+      space = std::max(floor, gpu_like);
     }
     std::size_t usable = 0;
     if (!detail::checked_round_up(space, large_segment_alignment, usable) ||
@@ -911,6 +916,12 @@ class simulated_device {
     arena_size_ = usable + large_segment_alignment;
     void* p =
         ::mmap(nullptr, arena_size_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    while (p == MAP_FAILED && usable / 2 >= floor && usable / 2 >= large_segment_alignment) {
+      usable /= 2;  // a smaller process address space (several devices at once, ulimit -v)
+      arena_size_ = usable + large_segment_alignment;
+      p = ::mmap(nullptr, arena_size_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
+                 0);
+    }
     if (p == MAP_FAILED) {
       throw std::system_error(errno, std::generic_category(),
                               fmt::format("simulated_device: cannot reserve {} of address space",

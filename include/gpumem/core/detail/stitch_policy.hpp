@@ -6,12 +6,13 @@
 // Sharing a free page couples two ranges: while one uses it, the other's blocks on it are
 // shadowed, and a request that found one of them before may miss and share pages again elsewhere.
 // New pages couple nothing. So a miss creates pages first while reserved memory stays within a few
-// per cent of the high-water mark of requested bytes:
-//  - k_headroom always;
-//  - k_settle_limit once the workload has settled (that mark unchanged for k_settled_allocations
-//    allocations): the misses left then are the couplings of a loop's steady state;
-//  - k_recurring_limit, for all of a request or none of it, in a pool that has missed
-//    k_recurring_misses times since the workload settled (a coupling that comes back every step).
+// per cent of the high-water mark of requested bytes (each threshold is a configuration key,
+// docs/configuration.md):
+//  - stitch_headroom (1.5%) always;
+//  - stitch_settle_limit (2%) once the workload has settled (that mark unchanged for
+//    stitch_settled_allocations, 1024): the misses left then are a loop's steady-state couplings;
+//  - stitch_recurring_limit (3%), for all of a request or none of it, in a pool that has missed
+//    stitch_recurring_misses (3) times since the workload settled (a coupling back every step).
 // Beyond those bounds free pages are shared (never moved: nothing waits for the GPU), and when no
 // free page is left new ones are created: fragmentation never causes an out-of-memory error.
 #pragma once
@@ -20,19 +21,23 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "gpumem/config.hpp"
 #include "gpumem/detail/bits.hpp"
 
 namespace gpumem::detail {
 
 class stitch_policy {
  public:
-  static constexpr double k_headroom = 0.015;
-  static constexpr double k_settle_limit = 0.02;
-  static constexpr double k_recurring_limit = 0.03;
-  static constexpr std::uint32_t k_recurring_misses = 3;
-  static constexpr std::uint64_t k_settled_allocations = 1024;
   /// Address space a size class reserves at least per range (addresses cost no memory).
   static constexpr std::size_t k_min_range = std::size_t{1024} << 20;
+
+  /// The thresholds of `config` (its stitch_* keys).
+  explicit stitch_policy(const allocator_config& config) noexcept
+      : headroom_(config.stitch_headroom),
+        settle_limit_(config.stitch_settle_limit),
+        recurring_limit_(config.stitch_recurring_limit),
+        recurring_misses_(config.stitch_recurring_misses),
+        settled_allocations_(config.stitch_settled_allocations) {}
 
   /// Raises the high-water mark of requested bytes to `mark` (the peak statistic, or what is live
   /// plus a request being served); notes when it last grew, in allocations made so far.
@@ -45,9 +50,9 @@ class stitch_policy {
 
   std::size_t high_water() const noexcept { return high_water_; }
 
-  /// Whether the workload has settled: no new high-water mark for k_settled_allocations.
+  /// Whether the workload has settled: no new high-water mark for stitch_settled_allocations.
   bool settled(std::uint64_t allocations) const noexcept {
-    return allocations >= high_water_at_ && allocations - high_water_at_ >= k_settled_allocations;
+    return allocations >= high_water_at_ && allocations - high_water_at_ >= settled_allocations_;
   }
 
   /// How many of `count` pages of `page` bytes a miss creates before sharing free pages, given the
@@ -59,9 +64,9 @@ class stitch_policy {
           (1.0 + limit) * static_cast<double>(high_water_) - static_cast<double>(reserved);
       return room > 0 ? static_cast<std::size_t>(room / static_cast<double>(page)) : 0;
     };
-    if (!settled) return std::min(count, pages_within(k_headroom));
-    if (pool_misses >= k_recurring_misses && pages_within(k_recurring_limit) >= count) return count;
-    return std::min(count, pages_within(k_settle_limit));
+    if (!settled) return std::min(count, pages_within(headroom_));
+    if (pool_misses >= recurring_misses_ && pages_within(recurring_limit_) >= count) return count;
+    return std::min(count, pages_within(settle_limit_));
   }
 
   /// The address range a size class reserves when none of its ranges has room for `needed` bytes:
@@ -98,6 +103,11 @@ class stitch_policy {
   }
 
  private:
+  double headroom_;
+  double settle_limit_;
+  double recurring_limit_;
+  std::uint32_t recurring_misses_;
+  std::uint64_t settled_allocations_;
   std::size_t high_water_ = 0;
   std::uint64_t high_water_at_ = 0;
 };
