@@ -440,7 +440,8 @@ TEST(WorkloadTraces, ReplayingAWorkloadsTraceIsRunningTheWorkload) {
             return alloc.allocate(bytes, stream_of(s));
           },
           [&](void* p) { alloc.deallocate(p); },
-          [&](void* p, gpumem::bench::stream_id s) { alloc.record_stream(p, stream_of(s)); }});
+          [&](void* p, gpumem::bench::stream_id s) { alloc.record_stream(p, stream_of(s)); },
+          [&] { alloc.empty_cache(); }});
       w->run(ctx, 1);
       const allocation_trace t = gpumem::bench::record_workload(*w, 1);
       const gpumem::replay_result r = replay(t, config, std::uint64_t{80} << 30);

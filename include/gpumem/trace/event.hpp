@@ -39,6 +39,8 @@ enum class trace_event_kind : std::uint8_t {
   record_stream,   ///< the block at `address` is also used on `stream`
   segment_alloc,   ///< reference: the recording allocator took `size` bytes from the device
   segment_free,    ///< reference: the recording allocator gave `size` bytes back to the device
+  empty_cache,     ///< the program emptied the allocator's cache (torch.cuda.empty_cache());
+                   ///< address, size and stream 0
 };
 
 inline constexpr std::int64_t no_time = -1;
@@ -100,6 +102,8 @@ constexpr std::string_view to_string(trace_event_kind kind) noexcept {
       return "segment_alloc";
     case trace_event_kind::segment_free:
       return "segment_free";
+    case trace_event_kind::empty_cache:
+      return "empty_cache";
   }
   return "unknown";
 }
@@ -109,7 +113,8 @@ constexpr std::optional<trace_event_kind> trace_event_kind_from_string(
     std::string_view name) noexcept {
   for (auto k : {trace_event_kind::alloc, trace_event_kind::free_requested,
                  trace_event_kind::free_completed, trace_event_kind::record_stream,
-                 trace_event_kind::segment_alloc, trace_event_kind::segment_free}) {
+                 trace_event_kind::segment_alloc, trace_event_kind::segment_free,
+                 trace_event_kind::empty_cache}) {
     if (to_string(k) == name) return k;
   }
   return std::nullopt;
@@ -168,6 +173,11 @@ inline void validate_trace(const allocation_trace& trace) {
         break;
       case trace_event_kind::segment_alloc:
       case trace_event_kind::segment_free:
+        break;
+      case trace_event_kind::empty_cache:
+        if (e.address != 0 || e.size != 0 || e.stream != 0) {
+          fail("empty_cache has no address, size or stream (all 0)");
+        }
         break;
     }
   }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <charconv>
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
@@ -23,7 +24,9 @@
 
 namespace gpumem {
 
-inline constexpr int native_trace_version = 1;
+// Version 2 adds the empty_cache event; a trace without one is written as version 1, which
+// readers of either version read alike.
+inline constexpr int native_trace_version = 2;
 
 namespace detail {
 
@@ -125,6 +128,7 @@ inline allocation_trace parse_native_trace(std::string_view text) {
   detail::trace_text_parser p(text);
   allocation_trace trace;
   std::string_view line;
+  int version_read = 1;
   if (!p.next_line(line)) {
     throw trace_error("gpumem trace: the input is empty (expected 'gpumem-trace 1')", 0);
   }
@@ -135,7 +139,8 @@ inline allocation_trace parse_native_trace(std::string_view text) {
     if (magic != native_trace_magic || !p.next_field(rest).empty()) {
       p.fail(line, magic, "not a gpumem trace (the first line must be 'gpumem-trace 1')");
     }
-    if (version != "1") {
+    version_read = version == "1" ? 1 : 2;
+    if (version != "1" && version != "2") {
       p.fail(
           line, version,
           fmt::format("gpumem trace version '{}' is not supported (this reader knows version {})",
@@ -197,6 +202,9 @@ inline allocation_trace parse_native_trace(std::string_view text) {
     if (!parsed_kind) p.fail(line, kind, fmt::format("unknown event kind '{}'", kind));
     trace_event e;
     e.kind = *parsed_kind;
+    if (e.kind == trace_event_kind::empty_cache && version_read == 1) {
+      p.fail(line, kind, "empty_cache events need 'gpumem-trace 2'");
+    }
     const std::string_view address = p.next_field(rest);
     const std::string_view size = p.next_field(rest);
     const std::string_view stream = p.next_field(rest);
@@ -233,7 +241,7 @@ inline allocation_trace read_native_trace(const std::string& path) {
   }
 }
 
-/// Writes `trace` in the native format, version 1. In header text, each control character (line
+/// Writes `trace` in the native format: version 2 when it has empty_cache events, else 1. In header text, each control character (line
 /// breaks included; tab excepted) is written as a space, and spaces and tabs around it are
 /// dropped, as a reader drops them. Throws what the stream throws (if exceptions are enabled).
 inline void write_native_trace(std::ostream& out, const allocation_trace& trace) {
@@ -245,7 +253,10 @@ inline void write_native_trace(std::ostream& out, const allocation_trace& trace)
     return std::string(detail::trim(line));
   };
   fmt::memory_buffer buf;
-  fmt::format_to(std::back_inserter(buf), "{} {}\n", native_trace_magic, native_trace_version);
+  const bool needs_v2 =
+      std::any_of(trace.events.begin(), trace.events.end(),
+                  [](const trace_event& e) { return e.kind == trace_event_kind::empty_cache; });
+  fmt::format_to(std::back_inserter(buf), "{} {}\n", native_trace_magic, needs_v2 ? 2 : 1);
   if (!trace.source.empty())
     fmt::format_to(std::back_inserter(buf), "@source {}\n", one_line(trace.source));
   if (!trace.recorded_config.empty()) {

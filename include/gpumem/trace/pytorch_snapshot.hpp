@@ -368,6 +368,7 @@ inline allocation_trace pytorch_snapshot_trace(const pickle_value& root, int dev
         reserved += ev.size;
         break;
       case trace_event_kind::record_stream:
+      case trace_event_kind::empty_cache:
         break;  // never produced above
     }
   }
@@ -487,8 +488,10 @@ pickle_value pytorch_snapshot_value(const std::vector<segment_snapshot<Stream>>&
   events.reserve(history.events.size() - history.initial_events);
   for (std::size_t i = history.initial_events; i < history.events.size(); ++i) {
     const trace_event& ev = history.events[i];
-    if (ev.kind == trace_event_kind::record_stream)
-      continue;  // PyTorch's traces have no such event
+    // PyTorch's traces have no such events (an empty_cache shows as the segment frees it makes).
+    if (ev.kind == trace_event_kind::record_stream || ev.kind == trace_event_kind::empty_cache) {
+      continue;
+    }
     dict e{
         {"action", pickle_value(to_string(ev.kind))},
         {"addr", snapshot_int_value(ev.address, "event address")},

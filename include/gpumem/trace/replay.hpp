@@ -38,6 +38,7 @@ struct compiled_trace {
     free,           ///< return `slot` to the allocator (its release came earlier)
     release_free,   ///< both at once
     record_stream,  ///< `slot` is also used on `stream`
+    empty_cache,    ///< the program emptied the allocator's cache
     none,           ///< nothing to do (reference events)
   };
   struct op {
@@ -147,6 +148,9 @@ inline compiled_trace compile_trace(const allocation_trace& trace) {
         ++out.recorded_segment_frees;
         reserved = reserved.value_or(0) - std::min(reserved.value_or(0), e.size);
         break;
+      case trace_event_kind::empty_cache:
+        o.kind = op_kind::empty_cache;
+        break;
     }
   }
   if (reserved) out.recorded_peak_reserved = recorded_peak;
@@ -252,6 +256,9 @@ inline void record(allocation_trace& history, const compiled_trace::op& o, void*
     case op_kind::record_stream:
       history.events.push_back({trace_event_kind::record_stream, address, 0, stream, no_time});
       break;
+    case op_kind::empty_cache:
+      history.events.push_back({trace_event_kind::empty_cache, 0, 0, 0, no_time});
+      break;
     case op_kind::none:
       break;
   }
@@ -326,6 +333,9 @@ inline replay_result replay_trace(const compiled_trace& trace, const replay_opti
             break;
           case op_kind::record_stream:
             alloc.record_stream(slots[o.slot], streams[o.stream]);
+            break;
+          case op_kind::empty_cache:
+            alloc.empty_cache();
             break;
           case op_kind::none:
             break;

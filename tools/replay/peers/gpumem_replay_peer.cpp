@@ -165,6 +165,9 @@ outcome replay(const gpumem::compiled_trace& c, Allocator& a, const sim_counters
       case op_kind::record_stream:
         a.record_stream(o.slot, o.stream);
         break;
+      case op_kind::empty_cache:
+        a.empty_cache();
+        break;
       case op_kind::none:
         break;
     }

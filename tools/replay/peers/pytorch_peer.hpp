@@ -82,6 +82,8 @@ class pytorch_peer {
     c10::cuda::CUDACachingAllocator::recordStream(slots_[slot], streams_[stream]);
   }
 
+  void empty_cache() { c10::cuda::CUDACachingAllocator::emptyCache(); }
+
   std::size_t peak_allocated() const {
     return static_cast<std::size_t>(stats().allocated_bytes[aggregate].peak);
   }
