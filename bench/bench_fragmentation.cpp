@@ -242,7 +242,8 @@ run_result run_one(const workload_info& w, const gpumem::allocator_config& confi
         return a.allocate(bytes, stream_of(s));
       },
       [&](void* p) { a.deallocate(p); },
-      [&](void* p, gpumem::bench::stream_id s) { a.record_stream(p, stream_of(s)); }});
+      [&](void* p, gpumem::bench::stream_id s) { a.record_stream(p, stream_of(s)); },
+      [&] { a.empty_cache(); }});
 
   const auto start = std::chrono::steady_clock::now();
   try {

@@ -41,6 +41,9 @@ inline allocation_trace record_workload(const workload_info& w, std::uint64_t se
       [&](void* p, stream_id stream) {
         trace.events.push_back({trace_event_kind::record_stream,
                                 reinterpret_cast<std::uintptr_t>(p), 0, stream, no_time});
+      },
+      [&] {
+        trace.events.push_back({trace_event_kind::empty_cache, 0, 0, 0, no_time});
       }});
   w.run(ctx, seed);
   return trace;

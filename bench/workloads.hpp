@@ -45,10 +45,13 @@ using stream_id = std::uint32_t;
 ///  * deallocate(ptr) frees a pointer returned by allocate.
 ///  * record_stream(ptr, stream) marks ptr as also used on `stream`; may be left empty, in which
 ///    case workload_context::record_stream does nothing.
+///  * empty_cache() returns the allocator's cached memory (torch.cuda.empty_cache()); may be left
+///    empty, in which case workload_context::empty_cache does nothing.
 struct allocator_ops {
   std::function<void*(std::size_t bytes, stream_id stream)> allocate;
   std::function<void(void* ptr)> deallocate;
   std::function<void(void* ptr, stream_id stream)> record_stream;
+  std::function<void()> empty_cache;
 };
 
 /// One live allocation as a workload holds it.
@@ -101,6 +104,11 @@ class workload_context {
   /// record_stream(b, stream) when the allocator supports it; otherwise nothing.
   void record_stream(const buffer& b, stream_id stream) {
     if (ops_.record_stream) ops_.record_stream(b.ptr, stream);
+  }
+
+  /// empty_cache() when the allocator supports it; otherwise nothing.
+  void empty_cache() {
+    if (ops_.empty_cache) ops_.empty_cache();
   }
 
   std::size_t live_requested() const noexcept { return live_; }
@@ -544,6 +552,239 @@ inline void split_survivor_123548(workload_context& ctx, std::uint64_t /*seed*/)
 }
 
 // =================================================================================================
+// (e) inference_varying_inputs
+//
+// Pattern: a vision transformer serving images of varying resolution, one request batch at a time,
+// with torch.cuda.empty_cache() after each batch (what servers do to give memory back between
+// requests, and what makes PyTorch's allocator start over). Activations are sized by the number
+// of patches, which changes with every batch, so no two batches ask for the same sizes.
+//
+// Model: ViT-L/16 (24 layers, hidden 1024, 16 heads, MLP 4096), fp16 weights (0.6 GiB). Each batch
+// holds 1..16 images of 224..640 pixels per side (multiples of 32); inference keeps one layer's
+// activations at a time (QKV, attention scores, the MLP's hidden layer), then the classifier head.
+// 24 batches (seed 1).
+// =================================================================================================
+inline void inference_varying_inputs(workload_context& ctx, std::uint64_t seed) {
+  constexpr std::size_t layers = 24, h = 1024, heads = 16, mlp = 4096, fp16 = 2, classes = 1000;
+  constexpr std::size_t batches = 24;
+  rng r(seed);
+  std::vector<buffer> weights;
+  weights.push_back(ctx.allocate(768 * h * fp16));  // patch embedding
+  for (std::size_t l = 0; l < layers; ++l) {
+    weights.push_back(ctx.allocate(3 * h * h * fp16));                      // qkv
+    weights.push_back(ctx.allocate(h * h * fp16));                          // output projection
+    weights.push_back(ctx.allocate(h * mlp * fp16));                        // fc1
+    weights.push_back(ctx.allocate(mlp * h * fp16));                        // fc2
+    for (int n = 0; n < 4; ++n) weights.push_back(ctx.allocate(h * fp16));  // norms
+  }
+  weights.push_back(ctx.allocate(h * classes * fp16));  // head
+  for (std::size_t b = 0; b < batches; ++b) {
+    const std::size_t images = r.uniform(1, 16);
+    const std::size_t side = 32 * r.uniform(7, 20);
+    const std::size_t tokens = images * ((side / 16) * (side / 16) + 1);
+    buffer x = ctx.allocate(tokens * h * fp16);
+    for (std::size_t l = 0; l < layers; ++l) {
+      buffer norm = ctx.allocate(tokens * h * fp16);
+      buffer qkv = ctx.allocate(3 * tokens * h * fp16);
+      ctx.deallocate(norm);
+      buffer scores = ctx.allocate(images * heads * (tokens / images) * (tokens / images) * fp16);
+      buffer attn = ctx.allocate(tokens * h * fp16);
+      ctx.deallocate(scores);
+      ctx.deallocate(qkv);
+      buffer y = ctx.allocate(tokens * h * fp16);  // x + proj(attn)
+      ctx.deallocate(attn);
+      ctx.deallocate(x);
+      buffer hidden = ctx.allocate(tokens * mlp * fp16);
+      buffer out = ctx.allocate(tokens * h * fp16);
+      ctx.deallocate(hidden);
+      ctx.deallocate(y);
+      x = out;
+    }
+    buffer logits = ctx.allocate(images * classes * 4);
+    ctx.deallocate(x);
+    ctx.deallocate(logits);
+    ctx.empty_cache();
+  }
+  ctx.deallocate_all(weights);
+}
+
+// =================================================================================================
+// (f) offload_streams
+//
+// Pattern: inference of a model larger than the GPU with its weights offloaded to host memory:
+// each layer's weights are copied in on one of several copy streams (round robin, to overlap the
+// transfers), two layers ahead of the compute stream, used there (Tensor.record_stream, as the
+// offloading engines do) and freed after the layer. Memory freed on one stream is wanted on
+// another all the time.
+//
+// Model: Llama-2-13B shapes (40 layers, hidden 5120, FFN 13824), fp16; 10 copy streams; a
+// 512-token prompt (batch 4) then 32 decoding steps, each of which streams all 40 layers in again.
+// =================================================================================================
+inline void offload_streams(workload_context& ctx, std::uint64_t /*seed*/) {
+  constexpr std::size_t layers = 40, h = 5120, ffn = 13824, fp16 = 2, batch = 4, prompt = 512;
+  constexpr std::size_t copy_streams = 10, ahead = 2, decode_steps = 32;
+  constexpr stream_id compute = 0;
+  std::size_t next_copy = 0;
+  auto load = [&](std::vector<buffer>& into) {
+    const stream_id s = static_cast<stream_id>(1 + next_copy++ % copy_streams);
+    into.push_back(ctx.allocate(4 * h * h * fp16, s));    // q, k, v, o in one buffer
+    into.push_back(ctx.allocate(3 * h * ffn * fp16, s));  // gate, up, down in one buffer
+    into.push_back(ctx.allocate(2 * h * fp16, s));        // the two norms
+  };
+  auto pass = [&](std::size_t tokens) {
+    std::vector<std::vector<buffer>> loaded(layers);
+    for (std::size_t l = 0; l < ahead && l < layers; ++l) load(loaded[l]);
+    buffer x = ctx.allocate(tokens * h * fp16, compute);
+    for (std::size_t l = 0; l < layers; ++l) {
+      if (l + ahead < layers) load(loaded[l + ahead]);
+      for (const buffer& w : loaded[l]) ctx.record_stream(w, compute);
+      buffer qkv = ctx.allocate(3 * tokens * h * fp16, compute);
+      buffer attn = ctx.allocate(tokens * h * fp16, compute);
+      ctx.deallocate(qkv);
+      buffer gate_up = ctx.allocate(2 * tokens * ffn * fp16, compute);
+      buffer out = ctx.allocate(tokens * h * fp16, compute);
+      ctx.deallocate(gate_up);
+      ctx.deallocate(attn);
+      ctx.deallocate(x);
+      x = out;
+      ctx.deallocate_all(loaded[l]);
+    }
+    ctx.deallocate(x);
+  };
+  pass(batch * prompt);
+  for (std::size_t t = 0; t < decode_steps; ++t) pass(batch);
+}
+
+// =================================================================================================
+// (g) calibration_layers
+//
+// Pattern: post-training quantization calibration (GPTQ-style) of a decoder, layer by layer: a
+// layer's weights are loaded, the calibration samples run through it while each linear layer
+// accumulates a Hessian (in_features x in_features, fp32), then the layer is quantized (a few
+// temporaries) and the Hessians are freed before the next layer. The large, long-lived
+// accumulators come and go once per layer, between small per-sample activations.
+//
+// Model: Qwen2-1.5B shapes (28 layers, hidden 1536, FFN 8960, GQA with 2 KV heads of 128), fp16
+// weights; 64 calibration samples of 2048 tokens, 8 at a time.
+// =================================================================================================
+inline void calibration_layers(workload_context& ctx, std::uint64_t /*seed*/) {
+  constexpr std::size_t layers = 28, h = 1536, ffn = 8960, kv = 2 * 128, fp16 = 2, fp32 = 4;
+  constexpr std::size_t samples = 64, per_batch = 8, tokens = 2048;
+  buffer hidden_states = ctx.allocate(samples * tokens * h * fp16);  // the inputs of the layer
+  for (std::size_t l = 0; l < layers; ++l) {
+    std::vector<buffer> w;
+    w.push_back(ctx.allocate(h * h * fp16));        // q
+    w.push_back(ctx.allocate(2 * h * kv * fp16));   // k, v
+    w.push_back(ctx.allocate(h * h * fp16));        // o
+    w.push_back(ctx.allocate(2 * h * ffn * fp16));  // gate, up
+    w.push_back(ctx.allocate(ffn * h * fp16));      // down
+    std::vector<buffer> hessians;
+    for (std::size_t in : {h, h, h, h, ffn}) hessians.push_back(ctx.allocate(in * in * fp32));
+    buffer outputs = ctx.allocate(samples * tokens * h * fp16);
+    for (std::size_t b = 0; b < samples / per_batch; ++b) {
+      const std::size_t t = per_batch * tokens;
+      buffer x = ctx.allocate(t * h * fp32);  // upcast input for the Hessian update
+      buffer qkv = ctx.allocate(t * (h + 2 * kv) * fp16);
+      buffer attn = ctx.allocate(t * h * fp16);
+      ctx.deallocate(qkv);
+      buffer mid = ctx.allocate(t * 2 * ffn * fp16);
+      buffer act = ctx.allocate(t * ffn * fp32);  // the down projection's input, for its Hessian
+      ctx.deallocate(mid);
+      ctx.deallocate(act);
+      ctx.deallocate(attn);
+      ctx.deallocate(x);
+    }
+    for (std::size_t i = 0; i < w.size(); ++i) {  // quantize each linear layer
+      buffer inverse = ctx.allocate(hessians[std::min<std::size_t>(i, 4)].bytes);
+      buffer quantized = ctx.allocate(w[i].bytes / 4);
+      ctx.deallocate(inverse);
+      ctx.deallocate(quantized);
+    }
+    ctx.deallocate_all(hessians);
+    ctx.deallocate_all(w);
+    ctx.deallocate(hidden_states);
+    hidden_states = outputs;  // the next layer's inputs
+  }
+  ctx.deallocate(hidden_states);
+}
+
+// =================================================================================================
+// (h) conv3d_training
+//
+// Pattern: a training step of a 3D-convolution network on volumes (medical imaging, video): a 3D
+// U-Net whose activations are whole volumes, with a cuDNN workspace of a different size for each
+// convolution algorithm, skip connections that live from the encoder to the decoder, and a
+// backward pass that frees them in reverse.
+//
+// Model: 3D U-Net, 4 levels, 32..256 channels, fp16 activations, batch 2 of 128^3 volumes, two
+// convolutions per level with batch norm and ReLU; Adam over 19M parameters (fp32 state).
+// =================================================================================================
+inline void conv3d_training(workload_context& ctx, std::uint64_t seed) {
+  constexpr std::size_t levels = 4, batch = 2, side = 128, fp16 = 2, fp32 = 4;
+  rng r(seed);
+  std::vector<buffer> params, exp_avg, exp_avg_sq;
+  std::vector<std::size_t> param_bytes;
+  for (std::size_t l = 0; l < levels; ++l) {
+    const std::size_t c = 32u << l;
+    for (std::size_t bytes : {27 * c * c * fp32, 27 * c * c * fp32, 4 * c * fp32}) {
+      params.push_back(ctx.allocate(bytes));
+      param_bytes.push_back(bytes);
+    }
+  }
+  auto workspace = [&] { return ctx.allocate(mib * r.uniform(8, 256)); };
+  auto volume = [&](std::size_t level, std::size_t channels) {
+    const std::size_t s = side >> level;
+    return batch * channels * s * s * s * fp16;
+  };
+  std::vector<buffer> saved;  // kept for backward
+  buffer x = ctx.allocate(volume(0, 1));
+  for (std::size_t l = 0; l < levels; ++l) {  // encoder
+    const std::size_t c = 32u << l;
+    for (int conv = 0; conv < 2; ++conv) {
+      buffer ws = workspace();
+      buffer y = ctx.allocate(volume(l, c));
+      ctx.deallocate(ws);
+      buffer bn = ctx.allocate(volume(l, c));
+      saved.push_back(y);
+      saved.push_back(bn);  // ReLU in place
+    }
+    if (l + 1 < levels) saved.push_back(ctx.allocate(volume(l + 1, c)));  // pooled
+  }
+  for (std::size_t l = levels - 1; l-- > 0;) {  // decoder
+    const std::size_t c = 32u << l;
+    saved.push_back(ctx.allocate(volume(l, c)));      // upsampled
+    saved.push_back(ctx.allocate(volume(l, 2 * c)));  // concatenated with the skip connection
+    buffer ws = workspace();
+    saved.push_back(ctx.allocate(volume(l, c)));
+    ctx.deallocate(ws);
+  }
+  buffer loss = ctx.allocate(volume(0, 1) * 2);
+  std::vector<buffer> grads;
+  for (std::size_t i = saved.size(); i-- > 0;) {  // backward frees what forward saved
+    buffer ws = workspace();
+    buffer grad_in = ctx.allocate(saved[i].bytes);
+    ctx.deallocate(ws);
+    ctx.deallocate(saved[i]);
+    ctx.deallocate(grad_in);
+    if (grads.size() < params.size() && i % 2 == 0) {
+      grads.push_back(ctx.allocate(param_bytes[grads.size()]));
+    }
+  }
+  while (grads.size() < params.size()) grads.push_back(ctx.allocate(param_bytes[grads.size()]));
+  saved.clear();
+  ctx.deallocate(loss);
+  ctx.deallocate(x);
+  for (std::size_t i = 0; i < params.size(); ++i) {  // Adam's state, made by the first step
+    exp_avg.push_back(ctx.allocate(param_bytes[i]));
+    exp_avg_sq.push_back(ctx.allocate(param_bytes[i]));
+  }
+  ctx.deallocate_all(grads);
+  ctx.deallocate_all(exp_avg_sq);
+  ctx.deallocate_all(exp_avg);
+  ctx.deallocate_all(params);
+}
+
+// =================================================================================================
 // Registry
 
 /// A named workload. `run` is deterministic in `seed`.
@@ -553,8 +794,8 @@ struct workload_info {
   void (*run)(workload_context& ctx, std::uint64_t seed);
 };
 
-inline const std::array<workload_info, 4>& all_workloads() {
-  static const std::array<workload_info, 4> list{{
+inline const std::array<workload_info, 8>& all_workloads() {
+  static const std::array<workload_info, 8> list{{
       {"llm_training_varlen",
        "1.3B-parameter GPT training, bf16 + fp32 Adam, seq_len 128..4096 drawn per step",
        &llm_training_varlen},
@@ -567,6 +808,17 @@ inline const std::array<workload_info, 4>& all_workloads() {
       {"split_survivor_123548",
        "PyTorch #123548: 91 MiB + 45.5 MiB freed around a 2 MiB survivor, 2,000 times",
        &split_survivor_123548},
+      {"inference_varying_inputs",
+       "ViT-L/16 serving 24 batches of 1..16 images of 224..640 px, empty_cache after each",
+       &inference_varying_inputs},
+      {"offload_streams",
+       "Llama-2-13B with offloaded weights, 10 copy streams, prompt then 32 decode steps",
+       &offload_streams},
+      {"calibration_layers",
+       "Qwen2-1.5B quantization calibration, layer by layer, Hessians per linear layer",
+       &calibration_layers},
+      {"conv3d_training", "3D U-Net training step, batch 2 of 128^3 volumes, cuDNN workspaces",
+       &conv3d_training},
   }};
   return list;
 }

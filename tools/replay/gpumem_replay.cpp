@@ -73,6 +73,7 @@ struct options {
   std::vector<gpumem::allocator_config> parsed_configs;  // the same, parsed (--allocator gpumem)
   bool compare = false;
   bool find_min_memory = false;
+  std::size_t steps = 0;  // --steps N: replay as N training steps (0: once, no step figures)
   std::size_t min_memory_limit = std::size_t{1} << 40;
   std::string plot_path;
   std::string convert_path;
@@ -115,6 +116,10 @@ void print_help() {
       "                          trace completes (to 1 MiB; one replay per probe)\n"
       "  --plot FILE.svg         draw memory over time per configuration and the segments at the\n"
       "                          peak (or at the out-of-memory) as an SVG image\n"
+      "  --steps N               replay the trace N times in a row, as the steps of a training\n"
+      "                          loop (what is live at the end of a step is freed), and print "
+      "each\n"
+      "                          step's device calls, host synchronisations and stream waits\n"
       "  --json                  print a JSON array, one object per configuration\n"
       "  --convert FILE          write the trace as a gpumem trace (or, for FILE.csv, as an RMM\n"
       "                          log) and exit\n"
@@ -208,6 +213,14 @@ options parse_command_line(int argc, char** argv) {
       while (i + 1 < argc && std::string_view(argv[i + 1]).rfind("--", 0) != 0) {
         o.configs.emplace_back(argv[++i]);
       }
+    } else if (arg == "--steps") {
+      const std::string v = value();
+      if (v.empty() || v.size() > 6 || v.find_first_not_of("0123456789") != std::string::npos ||
+          std::stoul(v) == 0) {
+        usage_error(fmt::format("--steps needs a number of steps from 1 to 999999, got \"{}\"",
+                                gpumem::detail::printable_excerpt(v)));
+      }
+      o.steps = std::stoul(v);
     } else if (arg == "--find-min-memory") {
       no_value();
       o.find_min_memory = true;
@@ -266,6 +279,10 @@ options parse_command_line(int argc, char** argv) {
   if (o.allocator != "gpumem") {
     if (!o.plot_path.empty()) usage_error("--plot is only for --allocator gpumem");
     if (!o.export_path.empty()) usage_error("--export-snapshot is only for --allocator gpumem");
+    if (o.steps != 0) usage_error("--steps is only for --allocator gpumem");
+  }
+  if (o.steps != 0 && (!o.plot_path.empty() || !o.export_path.empty() || o.find_min_memory)) {
+    usage_error("--steps does not combine with --plot, --export-snapshot or --find-min-memory");
   }
   if (o.compare && o.configs.empty()) {
     if (o.allocator == "pytorch") {
@@ -377,6 +394,18 @@ std::string device_calls_text(const gpumem::call_counters& calls) {
   return out.empty() ? "none" : out;
 }
 
+// One line per step: its device calls, host synchronisations and stream waits (--steps).
+void print_steps(const gpumem::replay_result& r) {
+  for (std::size_t s = 0; s < r.steps.size(); ++s) {
+    const gpumem::step_figures& f = r.steps[s];
+    fmt::print(
+        "  step {:>3}: {} device calls, {} host synchronisations, {} stream waits; reserved "
+        "peak {}\n",
+        s + 1, f.device_calls(), f.host_synchronizations(), f.stream_waits(),
+        bytes(f.peak_reserved));
+  }
+}
+
 void print_trace_header(const options& o, const gpumem::allocation_trace& t,
                         const gpumem::compiled_trace& c) {
   fmt::print("trace:   {} ({}{} events, {} allocations, {} stream{})\n",
@@ -408,10 +437,16 @@ void print_detail(const options& o, const config_run& run, const gpumem::compile
   fmt::print("config:  \"{}\" (allocator {}, policy {})\n", gpumem::detail::printable(run.text),
              o.allocator, r.policy);
   if (r.completed) {
-    fmt::print("result:  completed, {} events\n", r.events_replayed);
+    if (o.steps != 0) {
+      fmt::print("result:  completed, {} steps of {} events\n", o.steps, c.ops.size());
+    } else {
+      fmt::print("result:  completed, {} events\n", r.events_replayed);
+    }
   } else {
-    fmt::print("result:  OUT OF MEMORY at event {} of {} (a request of {})\n\n", *r.oom_event_index,
-               c.ops.size(), bytes(r.oom_request_bytes));
+    fmt::print("result:  OUT OF MEMORY at event {} of {}{} (a request of {})\n\n",
+               *r.oom_event_index, c.ops.size(),
+               o.steps != 0 ? fmt::format(", in step {}", r.oom_step + 1) : std::string(),
+               bytes(r.oom_request_bytes));
     fmt::print("{}\n", r.oom_message);
     if (!r.memory_summary.empty()) fmt::print("\n{}\n", r.memory_summary);
   }
@@ -424,6 +459,10 @@ void print_detail(const options& o, const config_run& run, const gpumem::compile
         bytes(*c.recorded_peak_reserved), ratio(r.peak_reserved, *c.recorded_peak_reserved));
   }
   fmt::print("device:  {}\n", device_calls_text(r.calls));
+  if (o.steps != 0) {
+    fmt::print("steps:   {} (the trace replayed as the steps of a training loop)\n", o.steps);
+    print_steps(r);
+  }
   if (run.peer) {  // PyTorch's own statistics, next to the simulator's counts above
     std::map<std::string, std::string> f(run.peer_fields.begin(), run.peer_fields.end());
     if (f.count("pytorch_reserved_peak_bytes") != 0) {
@@ -468,7 +507,10 @@ void print_table(const options& o, const std::vector<config_run>& runs,
     std::vector<std::string> row = {
         run.text.empty() ? "(default)" : gpumem::detail::printable(run.text),
         r.policy,
-        r.completed ? "completed" : fmt::format("OOM at event {}", *r.oom_event_index),
+        r.completed ? "completed"
+        : o.steps != 0
+            ? fmt::format("OOM at event {} of step {}", *r.oom_event_index, r.oom_step + 1)
+            : fmt::format("OOM at event {}", *r.oom_event_index),
         bytes(r.peak_requested),
         bytes(r.peak_allocated),
         bytes(r.peak_reserved),
@@ -503,6 +545,12 @@ void print_table(const options& o, const std::vector<config_run>& runs,
     fmt::print("{}\n", line);
   }
   (void)c;
+  if (o.steps != 0) {
+    for (const config_run& run : runs) {
+      fmt::print("\n--- \"{}\", {} steps ---\n", gpumem::detail::printable(run.text), o.steps);
+      print_steps(run.result);
+    }
+  }
   for (const config_run& run : runs) {
     if (run.result.completed) continue;
     fmt::print("\n--- \"{}\" ran out of memory at event {} ---\n{}\n",
@@ -553,6 +601,27 @@ void print_json(const options& o, const std::vector<config_run>& runs,
     field("device_alloc_calls", std::to_string(r.device_alloc_calls()));
     field("device_free_calls", std::to_string(r.device_free_calls()));
     field("device_calls", std::to_string(r.calls.total()));
+    if (run.peer) {
+      // (the peer's JSON carries its own counts)
+    } else if (o.steps == 0) {
+      field("host_synchronizations", std::to_string(r.calls.host_synchronizations()));
+    } else {
+      auto per_step = [&](auto figure) {
+        std::string list = "[";
+        for (const gpumem::step_figures& f : r.steps) {
+          list += (list.size() > 1 ? ", " : "") + std::to_string(figure(f));
+        }
+        return list + "]";
+      };
+      field("steps", std::to_string(o.steps));
+      field("oom_step", r.completed ? "null" : std::to_string(r.oom_step + 1));
+      field("device_calls_per_step",
+            per_step([](const gpumem::step_figures& f) { return f.device_calls(); }));
+      field("host_synchronizations_per_step",
+            per_step([](const gpumem::step_figures& f) { return f.host_synchronizations(); }));
+      field("stream_waits_per_step",
+            per_step([](const gpumem::step_figures& f) { return f.stream_waits(); }));
+    }
     field("simulated_device_seconds",
           run.peer ? std::string("null") : fmt::format("{:.9f}", r.simulated_seconds));
     field("replay_seconds", fmt::format("{:.6f}", r.wall_seconds));
@@ -999,6 +1068,7 @@ int run(const options& o) {
     ro.config = run.config;
     if (!o.costs) ro.costs = gpumem::cost_model{};
     ro.record_samples = !o.plot_path.empty();
+    ro.steps = std::max<std::size_t>(o.steps, 1);
     progress_bar bar(o.progress, run.text.empty() ? "(default)" : run.text);
     ro.progress = [&bar](std::size_t done, std::size_t total) { bar(done, total); };
     run.result = gpumem::replay_trace(compiled, ro);
