@@ -454,19 +454,19 @@ struct vmm_members : std::false_type {};
 
 template <class D>
 struct vmm_members<
-    D, std::void_t<typename D::physical_handle, decltype(std::declval<const D&>().granularity()),
-                   decltype(std::declval<D&>().reserve_address(std::size_t{}, std::size_t{})),
-                   decltype(std::declval<D&>().free_address(std::uintptr_t{}, std::size_t{})),
-                   decltype(std::declval<D&>().create_physical(std::size_t{})),
-                   decltype(std::declval<D&>().release_physical(
-                       std::declval<typename D::physical_handle>())),
-                   decltype(std::declval<D&>().map(std::uintptr_t{}, std::size_t{}, std::size_t{},
-                                                   std::declval<typename D::physical_handle>())),
-                   decltype(std::declval<D&>().unmap(std::uintptr_t{}, std::size_t{})),
-                   decltype(std::declval<D&>().set_access(std::uintptr_t{}, std::size_t{})),
-                   decltype(std::declval<D&>().stream_wait_event(
-                       std::declval<typename D::stream_type>(),
-                       std::declval<typename D::event_type>()))>> {
+    D,
+    std::void_t<
+        typename D::physical_handle, decltype(std::declval<const D&>().granularity()),
+        decltype(std::declval<D&>().reserve_address(std::size_t{}, std::size_t{})),
+        decltype(std::declval<D&>().free_address(std::uintptr_t{}, std::size_t{})),
+        decltype(std::declval<D&>().create_physical(std::size_t{})),
+        decltype(std::declval<D&>().release_physical(std::declval<typename D::physical_handle>())),
+        decltype(std::declval<D&>().map(std::uintptr_t{}, std::size_t{}, std::size_t{},
+                                        std::declval<typename D::physical_handle>())),
+        decltype(std::declval<D&>().unmap(std::uintptr_t{}, std::size_t{})),
+        decltype(std::declval<D&>().set_access(std::uintptr_t{}, std::size_t{})),
+        decltype(std::declval<D&>().stream_wait_event(std::declval<typename D::stream_type>(),
+                                                      std::declval<typename D::event_type>()))>> {
   using H = typename D::physical_handle;
   static constexpr bool value =
       std::is_trivially_copyable_v<H> &&

@@ -111,10 +111,10 @@ constexpr std::string_view to_string(trace_event_kind kind) noexcept {
 /// The kind named `name`, or nothing. Never throws.
 constexpr std::optional<trace_event_kind> trace_event_kind_from_string(
     std::string_view name) noexcept {
-  for (auto k : {trace_event_kind::alloc, trace_event_kind::free_requested,
-                 trace_event_kind::free_completed, trace_event_kind::record_stream,
-                 trace_event_kind::segment_alloc, trace_event_kind::segment_free,
-                 trace_event_kind::empty_cache}) {
+  for (auto k :
+       {trace_event_kind::alloc, trace_event_kind::free_requested, trace_event_kind::free_completed,
+        trace_event_kind::record_stream, trace_event_kind::segment_alloc,
+        trace_event_kind::segment_free, trace_event_kind::empty_cache}) {
     if (to_string(k) == name) return k;
   }
   return std::nullopt;

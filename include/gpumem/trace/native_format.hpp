@@ -5,8 +5,8 @@
 // file it does not understand instead of misreading it.
 #pragma once
 
-#include <charconv>
 #include <algorithm>
+#include <charconv>
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
@@ -241,9 +241,10 @@ inline allocation_trace read_native_trace(const std::string& path) {
   }
 }
 
-/// Writes `trace` in the native format: version 2 when it has empty_cache events, else 1. In header text, each control character (line
-/// breaks included; tab excepted) is written as a space, and spaces and tabs around it are
-/// dropped, as a reader drops them. Throws what the stream throws (if exceptions are enabled).
+/// Writes `trace` in the native format: version 2 when it has empty_cache events, else 1. In header
+/// text, each control character (line breaks included; tab excepted) is written as a space, and
+/// spaces and tabs around it are dropped, as a reader drops them. Throws what the stream throws (if
+/// exceptions are enabled).
 inline void write_native_trace(std::ostream& out, const allocation_trace& trace) {
   auto one_line = [](const std::string& s) {
     std::string line(s);

@@ -116,7 +116,9 @@ class cub_peer {
 
   void record_stream(std::uint32_t, std::uint32_t) { ++record_stream_ignored_; }
 
-  void empty_cache() { check_cuda(alloc_->FreeAllCached(), "CachingDeviceAllocator::FreeAllCached"); }
+  void empty_cache() {
+    check_cuda(alloc_->FreeAllCached(), "CachingDeviceAllocator::FreeAllCached");
+  }
 
   std::size_t peak_allocated() const { return peak_allocated_; }
 
