@@ -2,8 +2,10 @@
 // at the end of a step is freed, as a training loop frees its last step's tensors) on an 80 GiB
 // simulated device, under classic, expandable and stitch. Prints a Markdown table.
 //
-//   gpumem_bench_stitch_steps [--steps=N] TRACE...      (bench/README.md, "Stitch in the steady
-//   state")
+//   gpumem_bench_stitch_steps [--steps=N] [--stitch-config=KEYS] TRACE...
+//
+// --stitch-config adds configuration keys to stitch's (e.g. stitch_settle_limit:0.01) to measure
+// its thresholds (bench/README.md, "Stitch in the steady state").
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -16,16 +18,24 @@
 
 int main(int argc, char** argv) {
   std::size_t steps = 12;
+  std::string stitch_config;
   std::vector<std::string> paths;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--steps=", 8) == 0) {
       steps = static_cast<std::size_t>(std::atoi(argv[i] + 8));
+    } else if (std::strncmp(argv[i], "--stitch-config=", 16) == 0) {
+      stitch_config = std::string(",") + (argv[i] + 16);
+    } else if (argv[i][0] == '-') {
+      paths.clear();
+      break;
     } else {
       paths.emplace_back(argv[i]);
     }
   }
   if (paths.empty() || steps < 4) {
-    std::fprintf(stderr, "usage: gpumem_bench_stitch_steps [--steps=N>=4] TRACE...\n");
+    std::fprintf(
+        stderr,
+        "usage: gpumem_bench_stitch_steps [--steps=N>=4] [--stitch-config=KEYS] TRACE...\n");
     return 2;
   }
   std::printf(
@@ -40,7 +50,9 @@ int main(int argc, char** argv) {
       const std::string name = path.substr(path.find_last_of('/') + 1);
       for (const char* policy : {"classic", "expandable", "stitch"}) {
         gpumem::replay_options o;
-        o.config = gpumem::allocator_config::parse(std::string("policy:") + policy);
+        o.config = gpumem::allocator_config::parse(
+            std::string("policy:") + policy +
+            (std::strcmp(policy, "stitch") == 0 ? stitch_config : std::string()));
         o.steps = steps;
         const gpumem::replay_result r = gpumem::replay_trace(trace, o);
         if (!r.completed) {
