@@ -253,6 +253,30 @@ else
   echo "note: $shared not found: the PyTorch snapshot checks were skipped"
 fi
 
+# --steps: the trace replayed as a training loop's steps; what each step asked of the device.
+gpt2="$source_dir/examples/traces/gpt2-small-b4-s512.trace"
+run 0 "$gpt2" --device-memory 80GiB --steps 4
+expect_in "$out" 'result:  completed, 4 steps of 4362 events' "--steps result line"
+expect_in "$out" 'step   4: 0 device calls, 0 host synchronisations, 0 stream waits' "--steps: stitch settles"
+run 0 "$gpt2" --device-memory 80GiB --steps 3 --config policy:classic --json
+if command -v python3 >/dev/null; then
+  python3 - "$work/out" <<'PY' || fail "--steps JSON"
+import json, sys
+r = json.load(open(sys.argv[1]))
+r = r[0] if isinstance(r, list) else r
+assert r["steps"] == 3, r["steps"]
+for key in ("device_calls_per_step", "host_synchronizations_per_step", "stream_waits_per_step"):
+    assert len(r[key]) == 3, (key, r[key])
+assert r["device_calls_per_step"][0] > 0 and r["device_calls_per_step"][2] == 0, r["device_calls_per_step"]
+PY
+fi
+run 2 "$gpt2" --steps 0
+expect_in "$err" 'steps needs a number of steps from 1' "--steps 0 refused"
+run 2 "$gpt2" --steps 2x
+expect_in "$err" 'steps needs a number of steps' "--steps 2x refused"
+run 2 "$gpt2" --steps 3 --find-min-memory
+expect_in "$err" 'steps does not combine with' "--steps with --find-min-memory refused"
+
 if ((failures > 0)); then
   echo "$failures check(s) failed" >&2
   exit 1
