@@ -47,6 +47,7 @@ std::vector<gpumem::segment_snapshot<std::uint64_t>> final_segments(
         reserved -= e.size;
         break;
       case gpumem::trace_event_kind::record_stream:
+      case gpumem::trace_event_kind::empty_cache:
         break;
     }
   }
