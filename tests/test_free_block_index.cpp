@@ -1,6 +1,7 @@
 // The free-block index must answer exactly what an ordered set of (size, address) answers, and
 // the pointer map exactly what a hash map answers, under random inserts and erases.
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <random>
 #include <set>
@@ -78,6 +79,17 @@ TEST(FreeBlockIndex, MatchesOrderedSetUnderRandomOperations) {
         ASSERT_NE(got, nullptr) << "step " << step;
         ASSERT_EQ(got->size, it->first) << "step " << step;
         ASSERT_EQ(got->ptr, it->second) << "step " << step;
+      }
+      if (got != nullptr) {  // the successor in (size, address) order
+        block* after = index->next(got);
+        auto succ = std::next(it);
+        if (succ == reference.end()) {
+          ASSERT_EQ(after, nullptr) << "step " << step;
+        } else {
+          ASSERT_NE(after, nullptr) << "step " << step;
+          ASSERT_EQ(after->size, succ->first) << "step " << step;
+          ASSERT_EQ(after->ptr, succ->second) << "step " << step;
+        }
       }
       block* largest = index->largest();
       if (reference.empty()) {

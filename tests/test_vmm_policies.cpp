@@ -67,6 +67,27 @@ TEST(Expandable, GrowsOneRangeByLargePagesAndShrinksOnEmptyCache) {
   a.check_invariants();
 }
 
+// PyTorch's best fit under expandable_segments counts a free block followed by unmapped space as
+// large as it could grow, and moves on from it to the next block in size order that could grow
+// less: the block at the end of the mapped part is kept for requests that need it to grow.
+TEST(Expandable, BestFitCountsTheUnmappedSpaceAfterABlock) {
+  simulated_device dev{device_options(8 * GiB)};
+  allocator a(dev, config("policy:expandable"));
+  void* p = a.allocate(12 * MiB);
+  void* q = a.allocate(8 * MiB);   // fills the first 20 MiB page
+  void* r = a.allocate(30 * MiB);  // two more pages: 10 MiB free at the end, then unmapped
+  EXPECT_EQ(addr(r), addr(q) + 8 * MiB);
+  EXPECT_EQ(reserved(a), static_cast<std::int64_t>(60 * MiB));
+  a.deallocate(p);  // 12 MiB free, between nothing and q: it cannot grow
+  void* s = a.allocate(10 * MiB);
+  EXPECT_EQ(addr(s), addr(p));  // not the 10 MiB at the end, the exact best fit
+  void* t = a.allocate(10 * MiB);
+  EXPECT_EQ(addr(t), addr(r) + 30 * MiB);  // the 10 MiB at the end, no growth needed
+  EXPECT_EQ(reserved(a), static_cast<std::int64_t>(60 * MiB));
+  for (void* x : {q, r, s, t}) a.deallocate(x);
+  a.check_invariants();
+}
+
 TEST(Expandable, SmallPoolGrowsBy2MiBPages) {
   simulated_device dev{device_options(8 * GiB)};
   allocator a(dev, config("policy:expandable"));

@@ -602,10 +602,25 @@ class caching_allocator {
     if (gc_enabled()) ++gc_counter(p);
     for (;;) {
       block_type* b = p.index.lower_bound(rounded);
+      if (b != nullptr && policy_ == allocator_policy::expandable) b = least_expandable(p, b);
       if (b == nullptr || oversize_refuses(b->size, rounded)) return nullptr;
       p.index.erase(b);
       if (b->seg->shared_pages == 0 || !shadow_held_pages(b)) return b;
     }
+  }
+
+  // Expandable, as PyTorch's get_free_block: a free block followed by unmapped address space
+  // counts as large as it could grow (its size plus that space). From the best fit b, the search
+  // moves on in (size, address) order while the next block could grow less than the current one.
+  block_type* least_expandable(const pool_type& p, block_type* b) const noexcept {
+    auto growable = [](const block_type* x) {
+      return x->size + (x->next != nullptr && !x->next->mapped ? x->next->size : 0);
+    };
+    for (block_type* n = p.index.next(b); n != nullptr && growable(n) < growable(b);
+         n = p.index.next(b)) {
+      b = n;
+    }
+    return b;
   }
 
   GPUMEM_ALWAYS_INLINE bool oversize_refuses(std::size_t block_size, std::size_t rounded) const {
@@ -909,7 +924,9 @@ class caching_allocator {
   //
   // expandable (PyTorch's expandable_segments): one range per stream and pool, 9/8 of the device,
   // growing by pages of 2 MiB (small pool) or large_segment_size (large pool); unused pages are
-  // unmapped and released on empty_cache and on the out-of-memory retry.
+  // unmapped and released on empty_cache and on the out-of-memory retry. A cache hit is PyTorch's
+  // best fit for expandable segments (least_expandable), which keeps the free block at the end of
+  // the mapped part for requests that need it to grow.
   //
   // stitch: pages of the device's granularity. The small pool, and each size class of the large
   // requests (stitch_size_class: four per power of two), is a pool of its own per stream, with

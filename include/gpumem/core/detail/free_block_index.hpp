@@ -74,6 +74,22 @@ class free_block_index {
     return c < k_num_classes ? treap_min(roots_[c]) : nullptr;
   }
 
+  /// The block after indexed block `b` in (size, address) order, or nullptr.
+  block_type* next(const block_type* b) const noexcept {
+    block_type* after = nullptr;
+    for (block_type* t = roots_[b->size_class]; t != nullptr;) {
+      if (less(b, t)) {
+        after = t;
+        t = t->left;
+      } else {
+        t = t->right;
+      }
+    }
+    if (after != nullptr) return after;
+    const std::size_t c = next_class(std::size_t{b->size_class} + 1);
+    return c < k_num_classes ? treap_min(roots_[c]) : nullptr;
+  }
+
   /// The largest free block (highest address among equals), or nullptr.
   block_type* largest() const noexcept {
     for (std::size_t w = k_num_words; w-- > 0;) {
