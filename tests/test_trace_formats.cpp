@@ -158,8 +158,10 @@ TEST(NativeFormat, ErrorsCarryTheByteOffset) {
   EXPECT_EQ(error_offset(head + "@source late\n"), head.size());
   EXPECT_EQ(error_offset("gpumem-trace 1\n@colour blue\n"), 15u);
   EXPECT_EQ(error_offset("gpumem-trace 1\n@source a\n@source b\n"), 25u);
-  EXPECT_EQ(error_offset("gpumem-trace 2\n", &message), 13u);
-  EXPECT_NE(message.find("version '2'"), std::string::npos) << message;
+  EXPECT_EQ(error_offset("gpumem-trace 3\n", &message), 13u);
+  EXPECT_NE(message.find("version '3'"), std::string::npos) << message;
+  // Version 1 has no empty_cache event (a reader of version 1 would not know it).
+  EXPECT_EQ(error_offset("gpumem-trace 1\nempty_cache\n", &message), 15u);
   EXPECT_EQ(error_offset("Thread,Time,Action,Pointer,Size,Stream\n"), 0u);
   EXPECT_EQ(error_offset(""), 0u);
 }
