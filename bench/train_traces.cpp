@@ -1,12 +1,17 @@
 // gpumem_train_traces: records the allocation traces of a LibTorch C++ training loop of a small
 // GPT-style model, with activation checkpointing off and on and gradient accumulation over K = 1
-// and K = 4 micro-batches (the same 8 sequences per optimizer step), on LibTorch's CPU allocator
-// (gpumem::torch::cpu_trace_recorder). bench/train_traces.sh replays them under each allocator.
+// and K = 4 micro-batches (the same 8 sequences per optimizer step), in float32 and under autocast
+// to bfloat16 (gpumem::train::autocast_guard; the forward and the loss, backward outside), on
+// LibTorch's CPU allocator (gpumem::torch::cpu_trace_recorder). bench/train_traces.sh replays them
+// under each allocator.
 //
 //   gpumem_train_traces OUT_DIR [--layers 6] [--width 384] [--seq 256] [--batch 8] [--steps 2]
 //
-// Writes OUT_DIR/gpt-<ckpt|nockpt>-k<K>.trace (gpumem's native trace format) and prints one line
-// per trace.
+// Writes OUT_DIR/gpt-<ckpt|nockpt>-k<K>[-bf16].trace (gpumem's native trace format) and prints one
+// line per trace. CPU autocast casts the same kinds of operations as CUDA autocast (matrix
+// products to bfloat16, normalisations and the loss in float32), so the traces stand for a GPU
+// run under torch.autocast("cuda", torch.bfloat16) up to the few operations the two lists differ
+// on.
 #include <torch/torch.h>
 
 #include <chrono>
@@ -19,6 +24,7 @@
 #include "gpumem/torch/trace_recorder.hpp"
 #include "gpumem/trace/native_format.hpp"
 #include "gpumem/train/accumulate.hpp"
+#include "gpumem/train/autocast.hpp"
 #include "gpumem/train/checkpoint.hpp"
 
 namespace {
@@ -94,7 +100,7 @@ struct gpt_impl : torch::nn::Module {
 TORCH_MODULE_IMPL(gpt, gpt_impl);
 
 // Records one training run: model and optimizer creation, then `steps` optimizer steps.
-gpumem::allocation_trace record(const config& c, bool checkpointed, int64_t k) {
+gpumem::allocation_trace record(const config& c, bool checkpointed, int64_t k, bool bf16) {
   torch::manual_seed(0);
   gpumem::torch::cpu_trace_recorder recorder;
   {
@@ -105,16 +111,21 @@ gpumem::allocation_trace record(const config& c, bool checkpointed, int64_t k) {
     for (int step = 0; step < c.steps; ++step) {
       for (int64_t i = 0; i < k; ++i) {
         torch::Tensor ids = torch::randint(c.vocab, {micro, c.seq}, torch::kLong);
-        torch::Tensor logits = model->forward(ids.narrow(1, 0, c.seq - 1), checkpointed);
-        torch::Tensor loss = torch::cross_entropy_loss(logits.reshape({-1, c.vocab}),
-                                                       ids.narrow(1, 1, c.seq - 1).reshape({-1}));
+        // logits outlives the autocast scope, as a Python loop's `out = model(x)` does.
+        torch::Tensor logits, loss;
+        {
+          gpumem::train::autocast_guard amp(torch::kCPU, torch::kBFloat16, /*enabled=*/bf16);
+          logits = model->forward(ids.narrow(1, 0, c.seq - 1), checkpointed);
+          loss = torch::cross_entropy_loss(logits.reshape({-1, c.vocab}).to(torch::kFloat),
+                                           ids.narrow(1, 1, c.seq - 1).reshape({-1}));
+        }
         accumulate.backward(loss);
       }
     }
   }
   gpumem::allocation_trace trace = recorder.stop();
   trace.source = std::string("gpumem_train_traces gpt ") + (checkpointed ? "ckpt" : "nockpt") +
-                 " k" + std::to_string(k);
+                 " k" + std::to_string(k) + (bf16 ? " bf16" : "");
   return trace;
 }
 
@@ -155,21 +166,23 @@ int main(int argc, char** argv) {
     return 2;
   }
   torch::set_num_threads(2);
-  for (bool checkpointed : {false, true}) {
-    for (int64_t k : {1, 4}) {
-      const auto start = std::chrono::steady_clock::now();
-      const gpumem::allocation_trace trace = record(c, checkpointed, k);
-      const std::string path = out_dir + "/gpt-" + (checkpointed ? "ckpt" : "nockpt") + "-k" +
-                               std::to_string(k) + ".trace";
-      std::ofstream out(path);
-      gpumem::write_native_trace(out, trace);
-      if (!out) {
-        std::cerr << "gpumem_train_traces: cannot write " << path << "\n";
-        return 1;
+  for (bool bf16 : {false, true}) {
+    for (bool checkpointed : {false, true}) {
+      for (int64_t k : {1, 4}) {
+        const auto start = std::chrono::steady_clock::now();
+        const gpumem::allocation_trace trace = record(c, checkpointed, k, bf16);
+        const std::string path = out_dir + "/gpt-" + (checkpointed ? "ckpt" : "nockpt") + "-k" +
+                                 std::to_string(k) + (bf16 ? "-bf16" : "") + ".trace";
+        std::ofstream out(path);
+        gpumem::write_native_trace(out, trace);
+        if (!out) {
+          std::cerr << "gpumem_train_traces: cannot write " << path << "\n";
+          return 1;
+        }
+        const double s =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        std::cout << path << ": " << trace.events.size() << " events (" << s << " s)\n";
       }
-      const double s =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      std::cout << path << ": " << trace.events.size() << " events (" << s << " s)\n";
     }
   }
   return 0;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Records the allocation traces of a LibTorch GPT-style training loop (activation checkpointing
-# off/on, gradient accumulation K = 1/4; bench/train_traces.cpp) and replays each on a simulated
+# off/on, gradient accumulation K = 1/4, float32 and autocast to bfloat16; bench/train_traces.cpp)
+# and replays each on a simulated
 # 80 GiB GPU under gpumem's three policies and PyTorch's own allocator (native and
 # expandable_segments:True), printing bench/README.md's table.
 #
@@ -15,9 +16,11 @@ for tool in "$recorder" "$replay"; do
 done
 out=$build/train-traces
 mkdir -p "$out"
+names="nockpt-k1 nockpt-k4 ckpt-k1 ckpt-k4 nockpt-k1-bf16 nockpt-k4-bf16 ckpt-k1-bf16 ckpt-k4-bf16"
+export names
 "$recorder" "$out" >&2
 {
-  for name in nockpt-k1 nockpt-k4 ckpt-k1 ckpt-k4; do
+  for name in $names; do
     trace=$out/gpt-$name.trace
     "$replay" "$trace" --device-memory 80GiB --no-costs --json --find-min-memory \
       --compare policy:classic policy:expandable policy:stitch | sed "s|^|$name gpumem |"
@@ -25,7 +28,7 @@ mkdir -p "$out"
       --compare "" expandable_segments:True | sed "s|^|$name pytorch |"
   done
 } | python3 -c '
-import json, sys
+import json, os, sys
 from collections import defaultdict
 rows = defaultdict(dict)
 buf = defaultdict(str)
@@ -41,7 +44,7 @@ cols = ["policy:classic", "policy:expandable", "policy:stitch", "pytorch native"
 MiB = 1 << 20
 print("| trace | peak requested | " + " | ".join(c.replace("policy:", "gpumem ") for c in cols) + " |")
 print("|---|---:|" + "---:|" * len(cols))
-for name in ["nockpt-k1", "nockpt-k4", "ckpt-k1", "ckpt-k4"]:
+for name in os.environ["names"].split():
     r = rows[name]
     req = r["requested"]
     cells = [f"{r[c][0] / MiB:.0f} MiB ({r[c][0] / req:.3f}x)" for c in cols]
@@ -50,7 +53,7 @@ print()
 print("Smallest device (MiB) on which each completes:")
 print("| trace | " + " | ".join(c.replace("policy:", "gpumem ") for c in cols) + " |")
 print("|---|" + "---:|" * len(cols))
-for name in ["nockpt-k1", "nockpt-k4", "ckpt-k1", "ckpt-k4"]:
+for name in os.environ["names"].split():
     r = rows[name]
     print(f"| gpt-{name} | " + " | ".join(f"{r[c][1] / MiB:.0f}" for c in cols) + " |")
 '

@@ -1,10 +1,12 @@
 // gpumem::train::gradient_accumulator, dynamic_loss_scaler and in_process_communicator on CPU.
 #include <gtest/gtest.h>
 
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/torch.h>
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -137,7 +139,7 @@ TEST(GradientAccumulator, BadOptionsAreClearErrors) {
 
 // Each rank trains on its own shard; after the window every rank holds the same parameters, equal
 // to one process training on all shards' average gradient.
-void data_parallel(int world, std::size_t k, std::size_t bucket_bytes) {
+void data_parallel(int world, std::size_t k, std::size_t bucket_bytes, bool overlap = true) {
   torch::manual_seed(21);
   const torch::Tensor x = torch::randn({static_cast<int64_t>(world * k * 4), 8});
   const torch::Tensor y = torch::randn({static_cast<int64_t>(world * k * 4), 1});
@@ -159,7 +161,7 @@ void data_parallel(int world, std::size_t k, std::size_t bucket_bytes) {
       torch::nn::Sequential m = models[static_cast<std::size_t>(r)];
       torch::optim::SGD opt(m->parameters(), 0.1);
       in_process_communicator comm(group, r);
-      gradient_accumulator acc(opt, {k, 0.0, bucket_bytes}, &comm);
+      gradient_accumulator acc(opt, {k, 0.0, bucket_bytes, overlap}, &comm);
       const int64_t shard = static_cast<int64_t>(k * 4);
       for (std::size_t i = 0; i < k; ++i) {
         const int64_t begin = r * shard + static_cast<int64_t>(i) * 4;
@@ -188,6 +190,10 @@ TEST(InProcessCommunicator, TwoRanksAverageAtTheBoundary) {
 }
 TEST(InProcessCommunicator, ThreeRanksWithTinyBuckets) {
   data_parallel(3, 2, 64);
+}
+TEST(InProcessCommunicator, WithoutOverlapTheSameResults) {
+  data_parallel(2, 4, 25u << 20, false);
+  data_parallel(3, 2, 64, false);
 }
 
 TEST(InProcessCommunicator, MismatchedBucketsAreAnErrorOnEveryRank) {
@@ -264,6 +270,209 @@ TEST(GradientAccumulator, AFailingCommunicatorLeavesTheWindowIntact) {
     ASSERT_TRUE(p.grad().defined());
     EXPECT_LT(p.grad().abs().max().item<double>(), 12345.0);
   }
+}
+
+// --- The loss scaler's fused kernels ------------------------------------------------------------
+
+TEST(DynamicLossScaler, UnscalesEveryGradientAndFindsInfInAnyDtype) {
+  dynamic_loss_scaler scaler(4.0);
+  std::vector<torch::Tensor> params{
+      torch::zeros({3}, torch::requires_grad()),
+      torch::zeros({2}, torch::dtype(torch::kDouble).requires_grad(true)),
+      torch::zeros({2}, torch::requires_grad())};
+  params[0].mutable_grad() = torch::tensor({4.0f, 8.0f, -12.0f});
+  params[1].mutable_grad() = torch::tensor({2.0, 6.0}, torch::kDouble);
+  // params[2] has no gradient: skipped.
+  torch::Tensor found = scaler.unscale_(params);
+  ASSERT_TRUE(found.defined());
+  EXPECT_EQ(found.item<float>(), 0.0f);
+  EXPECT_TRUE(torch::equal(params[0].grad(), torch::tensor({1.0f, 2.0f, -3.0f})));
+  EXPECT_TRUE(torch::equal(params[1].grad(), torch::tensor({0.5, 1.5}, torch::kDouble)));
+  params[1].mutable_grad() = torch::tensor({std::nan(""), 1.0}, torch::kDouble);
+  EXPECT_TRUE(scaler.unscale(params));  // a NaN in the float64 group only
+  params[1].mutable_grad() = torch::tensor({1.0, 1.0}, torch::kDouble);
+  params[0].mutable_grad() = torch::tensor({1.0f, std::numeric_limits<float>::infinity(), 0.f});
+  EXPECT_TRUE(scaler.unscale(params));
+  std::vector<torch::Tensor> none{torch::zeros({1}, torch::requires_grad())};
+  EXPECT_FALSE(scaler.unscale_(none).defined());
+  EXPECT_FALSE(scaler.unscale(none));
+}
+
+TEST(DynamicLossScaler, TheScaleLivesInATensorAndUpdatesThere) {
+  dynamic_loss_scaler scaler(16.0, 2.0, 0.25, 3);
+  EXPECT_EQ(scaler.scale(), 16.0);
+  EXPECT_FALSE(scaler.scale_tensor().defined());
+  const torch::Tensor scaled = scaler.scale(torch::tensor(2.0f));
+  EXPECT_EQ(scaled.item<float>(), 32.0f);
+  ASSERT_TRUE(scaler.scale_tensor().defined());
+  EXPECT_EQ(scaler.scale_tensor().scalar_type(), torch::kFloat);
+  scaler.update(torch::ones({1}));  // overflow: backs off
+  EXPECT_EQ(scaler.scale(), 4.0);
+  for (int i = 0; i < 2; ++i) scaler.update(torch::zeros({1}));
+  EXPECT_EQ(scaler.scale(), 4.0);
+  scaler.update(false);  // the third clean step in a row: grows
+  EXPECT_EQ(scaler.scale(), 8.0);
+  scaler.update(true);
+  EXPECT_EQ(scaler.scale(), 2.0);
+}
+
+// --- All-reduce overlapped with backward --------------------------------------------------------
+
+// A deeper model: 6 Linear layers, so that small buckets make several of them.
+torch::nn::Sequential make_deep_model() {
+  torch::manual_seed(4);
+  torch::nn::Sequential m;
+  for (int i = 0; i < 6; ++i) {
+    m->push_back(torch::nn::Linear(16, 16));
+    m->push_back(torch::nn::Tanh());
+  }
+  m->push_back(torch::nn::Linear(16, 1));
+  return m;
+}
+
+// Wraps a rank's communicator and notes, for each call, whether backward was running
+// (the autograd engine's current graph task) and how many elements it averaged.
+class observing_communicator final : public gpumem::train::communicator {
+ public:
+  explicit observing_communicator(gpumem::train::communicator& inner) : inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int world_size() const override { return inner_.world_size(); }
+  void all_reduce_average(std::vector<torch::Tensor>& buckets) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      in_backward.push_back(torch::autograd::get_current_graph_task_id() != -1);
+      for (const auto& b : buckets) numel.push_back(b.numel());
+    }
+    inner_.all_reduce_average(buckets);
+  }
+  std::vector<bool> in_backward;
+  std::vector<int64_t> numel;
+
+ private:
+  gpumem::train::communicator& inner_;
+  std::mutex mutex_;
+};
+
+struct overlap_result {
+  std::vector<std::vector<bool>> in_backward;  // per rank, per call
+  std::vector<std::size_t> bucket_count, launched_in_backward, reduced;
+  std::vector<std::vector<torch::Tensor>> params;
+};
+
+// Two ranks train the deep model for `windows` windows of K = 3 micro-batches; `extra` is a
+// module registered after the model that the forward never uses.
+overlap_result run_overlap(bool overlap, std::size_t bucket_bytes, int windows, bool extra) {
+  const int world = 2;
+  const std::size_t k = 3;
+  torch::manual_seed(8);
+  const torch::Tensor x = torch::randn({world * 12, 16});
+  const torch::Tensor y = torch::randn({world * 12, 1});
+  auto group = std::make_shared<in_process_group>(world);
+  overlap_result r;
+  r.in_backward.resize(world);
+  r.bucket_count.resize(world);
+  r.launched_in_backward.resize(world);
+  r.reduced.resize(world);
+  r.params.resize(world);
+  std::vector<torch::nn::Sequential> models;
+  std::vector<torch::nn::Linear> unused;
+  for (int i = 0; i < world; ++i) {
+    models.push_back(make_deep_model());
+    unused.push_back(torch::nn::Linear(4, 4));
+  }
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < world; ++rank) {
+    ranks.emplace_back([&, rank] {
+      const auto ri = static_cast<std::size_t>(rank);
+      torch::nn::Sequential m = models[ri];
+      std::vector<torch::Tensor> params = m->parameters();
+      if (extra) {
+        for (const auto& p : unused[ri]->parameters()) params.push_back(p);
+      }
+      torch::optim::SGD opt(params, 0.05);
+      in_process_communicator inner(group, rank);
+      observing_communicator comm(inner);
+      gradient_accumulator acc(opt, {k, 0.0, bucket_bytes, overlap}, &comm);
+      for (int w = 0; w < windows; ++w) {
+        for (std::size_t i = 0; i < k; ++i) {
+          const int64_t begin = rank * 12 + static_cast<int64_t>(i) * 4;
+          acc.backward(loss_of(m, x.narrow(0, begin, 4), y.narrow(0, begin, 4)));
+          if (i + 1 < k) {
+            EXPECT_TRUE(comm.in_backward.size() == static_cast<std::size_t>(w) * acc.bucket_count())
+                << "a micro-batch before the boundary communicated";
+          }
+        }
+      }
+      r.in_backward[ri] = comm.in_backward;
+      r.bucket_count[ri] = acc.bucket_count();
+      r.launched_in_backward[ri] = acc.buckets_launched_in_backward();
+      r.reduced[ri] = acc.buckets_reduced();
+      for (const auto& p : params) r.params[ri].push_back(p.detach().clone());
+    });
+  }
+  for (auto& t : ranks) t.join();
+  return r;
+}
+
+TEST(AllReduceOverlap, EveryBucketStartsBeforeBackwardEnds) {
+  // A 16x16 layer's weight and bias are 1088 bytes: 1100-byte buckets hold one layer each.
+  const overlap_result r = run_overlap(true, 1100, 2, false);
+  for (int rank = 0; rank < 2; ++rank) {
+    SCOPED_TRACE(rank);
+    const auto ri = static_cast<std::size_t>(rank);
+    EXPECT_EQ(r.bucket_count[ri], 7u);
+    EXPECT_EQ(r.reduced[ri], 14u);  // 7 buckets x 2 windows
+    EXPECT_EQ(r.launched_in_backward[ri], 14u);
+    ASSERT_EQ(r.in_backward[ri].size(), 14u);
+    for (bool b : r.in_backward[ri]) EXPECT_TRUE(b);  // observed by the communicator itself
+  }
+  std::printf("all-reduce overlap: %zu of %zu buckets started before backward ended\n",
+              r.launched_in_backward[0], r.reduced[0]);
+}
+
+TEST(AllReduceOverlap, WithoutOverlapNoBucketStartsInBackward) {
+  // The control: the same run with overlap off is observed as such.
+  const overlap_result r = run_overlap(false, 1100, 2, false);
+  for (std::size_t ri = 0; ri < 2; ++ri) {
+    EXPECT_EQ(r.reduced[ri], 14u);
+    EXPECT_EQ(r.launched_in_backward[ri], 0u);
+    for (bool b : r.in_backward[ri]) EXPECT_FALSE(b);
+  }
+}
+
+TEST(AllReduceOverlap, SameParametersAsWithoutOverlapAndAsOneProcess) {
+  const overlap_result with = run_overlap(true, 1100, 2, false);
+  const overlap_result without = run_overlap(false, 1100, 2, false);
+  for (std::size_t ri = 0; ri < 2; ++ri) {
+    ASSERT_EQ(with.params[ri].size(), without.params[ri].size());
+    for (std::size_t i = 0; i < with.params[ri].size(); ++i) {
+      EXPECT_TRUE(torch::equal(with.params[ri][i], without.params[ri][i])) << i;
+      EXPECT_TRUE(torch::equal(with.params[ri][i], with.params[0][i])) << i;
+    }
+  }
+}
+
+TEST(AllReduceOverlap, AnUnusedParameterIsAveragedAfterBackward) {
+  // The unused Linear's parameters (registered last) form the first bucket: backward never
+  // finalises them, so that bucket, and every later one, waits for the end of backward (buckets
+  // go in the same order on every rank).
+  const overlap_result r = run_overlap(true, 1100, 1, true);
+  for (std::size_t ri = 0; ri < 2; ++ri) {
+    EXPECT_EQ(r.bucket_count[ri], 7u);  // the unused layer shares the output layer's bucket
+    EXPECT_EQ(r.reduced[ri], 7u);
+    EXPECT_EQ(r.launched_in_backward[ri], 0u);
+  }
+  // Nothing hangs and the gradients are those of the run without overlap:
+  const overlap_result ref = run_overlap(false, 1100, 1, true);
+  for (std::size_t i = 0; i < r.params[0].size(); ++i) {
+    EXPECT_TRUE(torch::equal(r.params[0][i], ref.params[0][i])) << i;
+  }
+}
+
+TEST(AllReduceOverlap, OneLargeBucketStartsInBackwardToo) {
+  const overlap_result r = run_overlap(true, 25u << 20, 1, false);
+  EXPECT_EQ(r.bucket_count[0], 1u);
+  EXPECT_EQ(r.launched_in_backward[0], 1u);
 }
 
 }  // namespace

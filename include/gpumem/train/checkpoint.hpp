@@ -6,9 +6,20 @@
 // checkpoint(fn, inputs...) runs `fn` without keeping the activations it creates, and runs it again
 // during backward to compute its gradients (PyTorch's torch.utils.checkpoint, re-entrant variant).
 // The CPU and CUDA random-number states are saved before the forward and restored for the
-// recomputation, so dropout draws the same masks; gradients equal those without checkpointing
-// (bitwise on CPU for deterministic operations). Inputs that do not require grad, several outputs,
-// parameters used inside `fn`, and checkpoints nested inside `fn` are handled.
+// recomputation, so dropout draws the same masks; so is the autocast state (enabled flag and dtype
+// of every device type, whether casts are cached: gpumem/train/autocast.hpp), so that under mixed
+// precision the recomputation runs at the forward's dtypes even though backward runs outside
+// autocast, and on another thread for CUDA tensors. Gradients equal those without checkpointing
+// (bitwise on CPU for deterministic operations, with or without autocast). Inputs that do not
+// require grad, several outputs, parameters used inside `fn`, and checkpoints nested inside `fn`
+// are handled.
+//
+// This is the re-entrant form (the recomputation runs its own backward inside the checkpoint's
+// backward). PyTorch's non-reentrant form needs saved-tensor hooks that apply to every operation
+// inside `fn`; LibTorch only lets Python install them (at::SavedTensorDefaultHooks holds Python
+// objects, and the C++ autograd engine has no default hooks), so it cannot be offered in C++. As
+// with torch.utils.checkpoint's re-entrant form, use backward() (or gradient_accumulator), not
+// torch::autograd::grad(), through a checkpoint: the recomputation accumulates into .grad.
 //
 // Contract: `fn` must be a pure function of its inputs, the module parameters it uses and the
 // random-number state (it runs twice). Thread safety: like any autograd code; the random-number
@@ -26,6 +37,8 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include "gpumem/train/autocast.hpp"
 
 namespace gpumem::train {
 
@@ -71,10 +84,18 @@ struct rng_states {
   }
 };
 
-// What the backward needs besides the saved inputs: the function and the random-number states.
+// Puts the random-number states of `now` back when the recomputation ends, however it ends.
+struct restore_rng_at_exit {
+  const rng_states& now;
+  ~restore_rng_at_exit() { now.restore(); }
+};
+
+// What the backward needs besides the saved inputs: the function, the random-number states and
+// the autocast state of the forward.
 struct checkpoint_state : ::torch::CustomClassHolder {
   tensor_list_fn fn;
   rng_states rng;
+  autocast_state autocast;
 };
 
 struct checkpoint_function : ::torch::autograd::Function<checkpoint_function> {
@@ -85,6 +106,7 @@ struct checkpoint_function : ::torch::autograd::Function<checkpoint_function> {
     // The last input is the anchor (see checkpoint()), not an argument of fn.
     std::vector<::torch::Tensor> args(inputs.begin(), inputs.end() - 1);
     state->rng = rng_states::capture(args);
+    state->autocast = autocast_state::capture();
     std::vector<::torch::Tensor> outputs;
     {
       ::torch::NoGradGuard no_grad;  // the activations of fn are not kept
@@ -116,18 +138,18 @@ struct checkpoint_function : ::torch::autograd::Function<checkpoint_function> {
       leaf.requires_grad_(t.requires_grad());
       inputs.push_back(std::move(leaf));
     }
-    // Recompute with the forward's random-number states, then put the current ones back.
+    // Recompute with the forward's random-number and autocast states, then put the current ones
+    // back (the autocast scope empties the cast cache when it is the outermost, as
+    // torch.autocast does).
     const rng_states now = rng_states::capture(inputs);
-    state->rng.restore();
     std::vector<::torch::Tensor> outputs;
-    try {
+    {
+      restore_rng_at_exit restore{now};
+      state->rng.restore();
+      scoped_autocast_state autocast(state->autocast);
       ::torch::AutoGradMode grad(true);
       outputs = state->fn(inputs);
-    } catch (...) {
-      now.restore();
-      throw;
     }
-    now.restore();
     if (outputs.size() != grad_outputs.size()) {
       throw std::logic_error("gpumem::train::checkpoint: the recomputation returned " +
                              std::to_string(outputs.size()) + " tensors, the forward " +

@@ -6,6 +6,7 @@
 // ncclComm_t).
 #pragma once
 
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -51,13 +52,18 @@ class in_process_group {
   friend class in_process_communicator;
 
   // Every rank deposits its buckets; the last to arrive checks that they match, averages them in
-  // rank order (the same result on every rank, bit for bit) and releases the others.
+  // rank order (the same result on every rank, bit for bit) and releases the others. Buckets on
+  // a GPU are read and written by another thread's stream: each rank waits for its current
+  // stream before depositing, and the last waits for its own after the reduction, so that the
+  // work of every rank's stream is ordered around the host's (a test stand-in, not fast).
   void all_reduce_average(int rank, std::vector<::torch::Tensor>& buckets) {
+    synchronize_streams(buckets);
     std::unique_lock<std::mutex> lock(mutex_);
     const std::uint64_t generation = generation_;
     slots_[static_cast<std::size_t>(rank)] = &buckets;
     if (++arrived_ == world_size_) {
       reduce_locked();
+      synchronize_streams(buckets);
       arrived_ = 0;
       ++generation_;
       done_.notify_all();
@@ -75,6 +81,14 @@ class in_process_group {
         errors_seen_ = 0;
       }
       throw std::invalid_argument(error);
+    }
+  }
+
+  static void synchronize_streams(const std::vector<::torch::Tensor>& buckets) {
+    for (const ::torch::Tensor& b : buckets) {
+      if (!b.defined() || b.device().is_cpu()) continue;
+      c10::impl::VirtualGuardImpl impl(b.device().type());
+      impl.synchronizeStream(impl.getStream(b.device()));
     }
   }
 

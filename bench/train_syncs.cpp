@@ -1,0 +1,89 @@
+// gpumem_train_syncs: host synchronisations per optimizer step of gpumem::train's
+// gradient_accumulator on CUDA tensors, counted by the CUDA simulator (tools/cudasim): the calls
+// that make the host wait for the device (cudaStreamSynchronize, cudaEventSynchronize,
+// cudaDeviceSynchronize). A model of elementwise layers (cuBLAS does not start on the simulator)
+// with 2 x LAYERS gradients, K = 2 micro-batches per step, SGD.
+//
+//   LD_LIBRARY_PATH=build/cudasim build/bench/gpumem_train_syncs [LAYERS]
+//
+// Prints one markdown table row per configuration: loss scaler off/on, clipping off/on.
+#include <dlfcn.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "gpumem/train/accumulate.hpp"
+#include "gpumem_cudasim.h"
+
+namespace {
+
+unsigned long long host_syncs() {
+  auto get =
+      reinterpret_cast<gpumemSimGetCounters_t>(dlsym(RTLD_DEFAULT, GPUMEM_SIM_GET_COUNTERS_NAME));
+  gpumemSimCounters c{};
+  if (get == nullptr || get(&c, sizeof c) != 0) {
+    std::fprintf(stderr, "gpumem_train_syncs: not running on the CUDA simulator\n");
+    std::exit(1);
+  }
+  return c.stream_synchronize + c.calls.event_synchronize + c.calls.device_synchronize;
+}
+
+struct elementwise_impl : torch::nn::Module {
+  elementwise_impl(int64_t layers, int64_t width) {
+    for (int64_t i = 0; i < layers; ++i) {
+      weights.push_back(register_parameter("w" + std::to_string(i), torch::ones({width})));
+      biases.push_back(register_parameter("b" + std::to_string(i), torch::zeros({width})));
+    }
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (std::size_t i = 0; i < weights.size(); ++i) x = torch::tanh(x * weights[i] + biases[i]);
+    return x;
+  }
+  std::vector<torch::Tensor> weights, biases;
+};
+TORCH_MODULE_IMPL(elementwise, elementwise_impl);
+
+double syncs_per_step(int64_t layers, bool scaled, double clip) {
+  const torch::Device cuda(torch::kCUDA, 0);
+  elementwise model(layers, 1024);
+  model->to(cuda);
+  torch::optim::SGD opt(model->parameters(), 0.01);
+  gpumem::train::dynamic_loss_scaler scaler;
+  gpumem::train::gradient_accumulator acc(opt, {2, clip}, nullptr, scaled ? &scaler : nullptr);
+  const torch::Tensor x = torch::ones({8, 1024}, torch::TensorOptions().device(cuda));
+  auto step = [&] {
+    for (int i = 0; i < 2; ++i) acc.backward(model->forward(x).pow(2).mean());
+  };
+  step();  // warm-up
+  const int steps = 10;
+  const unsigned long long before = host_syncs();
+  for (int s = 0; s < steps; ++s) step();
+  return static_cast<double>(host_syncs() - before) / steps;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int64_t layers = argc > 1 ? std::atoll(argv[1]) : 8;
+  if (layers < 1) {
+    std::fprintf(stderr, "usage: gpumem_train_syncs [LAYERS >= 1]\n");
+    return 2;
+  }
+  if (!torch::cuda::is_available()) {
+    std::fprintf(stderr, "gpumem_train_syncs: no CUDA device (run it on the simulator)\n");
+    return 1;
+  }
+  std::printf("| gradients | loss scaler | clipping | host synchronisations per step |\n");
+  std::printf("|---:|---|---|---:|\n");
+  for (bool scaled : {false, true}) {
+    for (double clip : {0.0, 1.0}) {
+      std::printf("| %lld | %s | %s | %.1f |\n", static_cast<long long>(2 * layers),
+                  scaled ? "on" : "off", clip > 0 ? "1.0" : "off",
+                  syncs_per_step(layers, scaled, clip));
+    }
+  }
+  return 0;
+}
