@@ -30,6 +30,8 @@
 #include "cudasim_support.hpp"
 #include "gpumem/device/cuda_device.hpp"
 #include "gpumem/device/cuda_vmm_device.hpp"
+#include "gpumem/host/host_device.hpp"
+#include "gpumem/host/pinned_pool.hpp"
 #endif
 
 namespace {
@@ -569,6 +571,41 @@ TYPED_TEST(Conformance, TwoDevicesWithPeerAccessAndCrossDeviceRecordStream) {
 }
 
 #ifdef GPUMEM_TEST_CUDASIM
+
+// The pinned pool's memory is copied to several GPUs: an event recorded on another GPU's stream
+// is made on that GPU, and the block is reused only after that copy.
+TEST(ConformancePinnedPool, RecordEventOnAnotherGpusStream) {
+  if (!cuda_traits<gpumem::cuda_device>::available(2)) {
+    GTEST_SKIP() << "needs two devices of the CUDA simulator";
+  }
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  cudasim_test::reset_violations();
+  gpumem::cuda_host_device host(0);
+  gpumem::pinned_pool<gpumem::cuda_host_device> pool(host, gpumem::allocator_config{});
+  gpumem::cuda_device gpu1(1);
+  const cudaStream_t s1 = gpu1.create_stream();
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  void* device_buffer = nullptr;
+  ASSERT_EQ(cudaMalloc(&device_buffer, 4 * MiB), cudaSuccess);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  for (int round = 0; round < 4; ++round) {
+    void* src = pool.allocate(4 * MiB);
+    ASSERT_EQ(cudaMemcpyAsync(device_buffer, src, 4 * MiB, cudaMemcpyHostToDevice, s1),
+              cudaSuccess);
+    pool.record_event(src, s1);
+    pool.deallocate(src);  // must not throw: the event is device 1's
+    void* next = pool.allocate(4 * MiB);
+    if (work_seconds() > 0) {  // the copy outlasts the test: its block cannot be reused yet
+      EXPECT_NE(next, src) << "reused before the copy on device 1 was known complete";
+    }
+    pool.deallocate(next);
+    ASSERT_EQ(cudaStreamSynchronize(s1), cudaSuccess);
+  }
+  pool.empty_cache();
+  ASSERT_EQ(cudaFree(device_buffer), cudaSuccess);
+  gpu1.destroy_stream(s1);
+  EXPECT_EQ(cudasim_test::violations(), 0u) << cudasim_test::last_violation();
+}
 
 // --- Controls: the defects the suite guards against, reproduced by hand, are reported ---------
 
