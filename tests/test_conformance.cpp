@@ -347,8 +347,8 @@ TYPED_TEST(Conformance, CaptureIntoAPrivatePool) {
     this->work(cap, u, 12 * MiB);
     pool->deallocate(u);
     main_alloc->deallocate(other);
-    EXPECT_THROW(main_alloc->empty_cache(), gpumem::usage_error);
-    EXPECT_THROW(pool->empty_cache(), gpumem::usage_error);
+    main_alloc->empty_cache();  // skipped during a capture, as PyTorch skips it
+    pool->empty_cache();
   }
   const calls during = tr::count(d);
   EXPECT_EQ(during.event_query, before.event_query) << "an event was queried during the capture";

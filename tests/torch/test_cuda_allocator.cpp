@@ -374,7 +374,7 @@ TEST_F(Installed, PrivatePoolsServeOnlyTheirStreamsAndAreReleased) {
 
 // What torch.cuda.graph does around a capture: beginAllocateToPool, cudaStreamBeginCapture,
 // allocations and frees (one of a default-pool tensor recorded on the capture stream), the end,
-// endAllocateToPool, replays. During the capture gpumem queries and records no event and refuses
+// endAllocateToPool, replays. During the capture gpumem queries and records no event and skips
 // empty_cache; the graph's pool keeps its memory through empty_cache while the graph lives; once
 // released and empty, empty_cache returns it.
 TEST_F(Installed, ACaptureQueriesNoEventAndTheGraphsPoolStaysPut) {
@@ -401,7 +401,7 @@ TEST_F(Installed, ACaptureQueriesNoEventAndTheGraphsPoolStaysPut) {
   c10_alloc::raw_delete(tmp);
   void* out = c10_alloc::raw_alloc_with_stream(10 * MiB, captured);  // reuses tmp's memory
   ASSERT_EQ(cudaMemsetAsync(out, 1, 10 * MiB, captured), cudaSuccess);
-  EXPECT_THROW(c10_alloc::emptyCache(), c10::Error);
+  c10_alloc::emptyCache();  // skipped during the capture, as PyTorch skips it
   const gpumemSimCounters during = sim();
   EXPECT_EQ(during.calls.event_query, start.calls.event_query);
   EXPECT_EQ(during.calls.event_record, start.calls.event_record);

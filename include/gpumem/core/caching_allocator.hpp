@@ -337,17 +337,12 @@ class caching_allocator {
   /// classes freed blocks, so that the next phase of a program (training after an evaluation pass)
   /// is placed as if it ran alone. Throws cuda_error on device failure.
   ///
-  /// Refused (usage_error, nothing changes) while a capture is under way (begin_capture), as
-  /// PyTorch refuses it: it would synchronise and free memory during the capture. Does nothing
-  /// while the memory is fixed (set_memory_fixed): a live private pool keeps its cache.
+  /// Does nothing while a capture is under way (begin_capture), as PyTorch skips its default
+  /// pool then: it would synchronise and free memory the capture may use. Does nothing while the
+  /// memory is fixed (set_memory_fixed): a live private pool keeps its cache.
   void empty_cache() {
     std::lock_guard<detail::spin_mutex> lock(mutex_);
-    if (captures_underway_ > 0) {
-      throw usage_error(
-          "gpumem: empty_cache during a CUDA-graph capture (or while allocations go to a private "
-          "pool): it would synchronise and free memory the capture may use; PyTorch refuses it "
-          "too. Empty the cache after the capture ends");
-    }
+    if (captures_underway_ > 0) return;
     if (memory_fixed_) return;
     observer_error_ = nullptr;
     release_cached_blocks();
@@ -364,7 +359,7 @@ class caching_allocator {
   /// cannot be queried), a block freed with record_stream uses waits for the capture's end before
   /// its events are recorded, a miss never frees, unmaps or synchronises (no out-of-memory retry,
   /// no garbage collection: it only adds memory, in relaxed capture mode for the caller to set),
-  /// stitch never makes a stream wait for another to reuse a page, and empty_cache is refused.
+  /// stitch never makes a stream wait for another to reuse a page, and empty_cache does nothing.
   /// Calls nest (one per capture under way).
   void begin_capture() {
     std::lock_guard<detail::spin_mutex> lock(mutex_);

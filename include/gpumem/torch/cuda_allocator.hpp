@@ -270,10 +270,11 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
 
   /// torch.cuda.empty_cache(): with the default id, returns the cache of every GPU's default
   /// pool and of every dead private pool (see releasePool) to the device, and forgets the dead
-  /// pools left empty; live private pools keep their cache, as in PyTorch. Throws gpumem's
-  /// cuda_error on device failure. With a private pool's id (MemPool's destructor calls it):
-  /// returns that pool's cache, and forgets the pool if it is dead and empty; never throws, a
-  /// failure is reported on stderr.
+  /// pools left empty; live private pools keep their cache, as in PyTorch. On a GPU where a
+  /// CUDA graph is being captured (or a pool allocated to) it does nothing, as PyTorch leaves its
+  /// default pool alone then. Throws gpumem's cuda_error on device failure. With a private pool's
+  /// id (MemPool's destructor calls it): returns that pool's cache, and forgets the pool if it is
+  /// dead and empty; never throws, a failure is reported on stderr.
   void emptyCache(mempool_id id = {0, 0}) override {
     if (!is_default(id)) {
       detail::reporting_failure("emptyCache of a private pool", [&] { empty_pool_cache(id); });
@@ -282,14 +283,10 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     for (std::size_t d = 0; d < devices_.size(); ++d) {
       detail::device_state& s = *devices_[d];
       if (!s.main) continue;
-      // During a capture (or a use_mem_pool) PyTorch refuses to empty the cache: it would
-      // synchronise and free memory the capture may use.
-      TORCH_CHECK(s.allocating_to_pools.load(std::memory_order_acquire) == 0,
-                  "gpumem: torch.cuda.empty_cache() while a CUDA graph is being captured or a "
-                  "private pool is being allocated to on device ",
-                  d,
-                  ": it would synchronise and free memory the capture may use (PyTorch "
-                  "refuses it too); empty the cache after the capture");
+      // During a capture (or a use_mem_pool) nothing is emptied: PyTorch skips its default pool
+      // then (it would synchronise and free memory the capture may use); gpumem skips the dead
+      // pools too, whose cudaFree or unmap would break a capture in global mode.
+      if (s.allocating_to_pools.load(std::memory_order_acquire) > 0) continue;
       s.main->empty_cache();
       std::lock_guard<std::mutex> lock(s.pools_mutex);
       release_dead_pools(s);
@@ -301,6 +298,16 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     if (ptr.get() == nullptr || ptr.get_deleter() != &detail::raw_delete) return;
     device_allocator& a = owner_of(ptr.get(), ptr.device().index());
     a.record_stream(ptr.get(), stream.stream());
+  }
+
+  /// record_stream of a raw pointer from raw_alloc (what the CUDAPluggableAllocator route's
+  /// record-stream function gets): `ptr`'s memory is reused only after the work queued on
+  /// `stream` before its free. `stream` may belong to another GPU. Throws c10::Error for a pointer
+  /// gpumem does not own.
+  void record_stream_raw(void* ptr, cudaStream_t stream) {
+    TORCH_CHECK(ptr != nullptr, "gpumem: record_stream of a null pointer");
+    device_allocator& a = owner_of(ptr, devices_.size() == 1 ? 0 : c10::cuda::current_device());
+    a.record_stream(ptr, stream);
   }
 
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
