@@ -269,6 +269,29 @@ class MultiDeviceTest(SimTest):
             assert counters().violations == 0, last_violation()
         """, {"GPUMEM_SIM_DEVICES": "2", "GPUMEM_SIM_MEMORY": "80GiB"})
 
+    def test_a_copy_between_devices_grants_the_peer_the_vmm_pages(self):
+        # PyTorch enables peer access for a copy between GPUs (enablePeerAccess): the pages of
+        # expandable segments and of gpumem's VMM policies, which peer access does not cover, are
+        # granted with cuMemSetAccess, those mapped then and those mapped later.
+        self.each_allocator("""
+            conf = os.environ.get("GPUMEM_ALLOC_CONF", "") + os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+            vmm = "expandable" in conf or "stitch" in conf
+            a = torch.ones(4 << 20, device="cuda:0")
+            b = torch.empty(4 << 20, device="cuda:1")
+            before = counters().set_access
+            b.copy_(a)
+            granted = counters().set_access - before
+            assert (granted > 0) == vmm, (granted, vmm)
+            c = torch.empty(64 << 20, device="cuda:1")      # mapped after: granted too
+            later = counters().set_access - before - granted
+            assert (later >= 2) == vmm, later               # its own device and the peer
+            torch.cuda.synchronize(0)
+            torch.cuda.synchronize(1)
+            del a, b, c
+            torch.cuda.empty_cache()
+            assert counters().violations == 0, last_violation()
+        """, {"GPUMEM_SIM_DEVICES": "2", "GPUMEM_SIM_MEMORY": "80GiB"})
+
     def test_expandable_segments_reserve_a_range_per_stream_on_a_large_device(self):
         # 9/8 of an 80 GiB device per stream: 900 GiB of addresses for ten streams.
         self.check("""
