@@ -2,7 +2,10 @@
 // random empty_cache, events completing as simulated time advances) and on the pinned pool. Run
 // in every build, and under ThreadSanitizer by tools/reliability.sh. GPUMEM_STRESS_OPS sets the
 // operations per thread (default 4000); the totals are printed for the Reliability figures.
+#include <time.h>
+
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -12,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include "gpumem/core/detail/spin_mutex.hpp"
 #include "gpumem/host/host_device.hpp"
 #include "gpumem/host/pinned_pool.hpp"
 #include "support/sim.hpp"
@@ -128,6 +132,55 @@ TEST(StressPinnedPool, ThreadsStreamsAndSizes) {
   EXPECT_EQ(pool.stats().allocation.current, 0);
   EXPECT_EQ(pool.stats().reserved_bytes.current, 0);
   std::printf("gpumem stress: pinned pool: %zu operations on %d threads\n", done.load(), threads);
+}
+
+// The allocator's lock while its holder waits on the GPU (an out-of-memory retry, empty_cache):
+// a waiter spins briefly, then sleeps until the unlock, rather than burning a core on yields.
+TEST(SpinMutex, AWaiterSleepsWhileTheHolderIsSlow) {
+  gpumem::detail::spin_mutex m;
+  std::atomic<bool> holding{false};
+  std::thread holder([&] {
+    m.lock();
+    holding = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    m.unlock();
+  });
+  while (!holding) std::this_thread::yield();
+  double cpu_seconds = 0;
+  const auto start = std::chrono::steady_clock::now();
+  std::thread waiter([&] {
+    m.lock();  // blocks about 300 ms
+    m.unlock();
+    timespec t{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    cpu_seconds = static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+  });
+  waiter.join();
+  holder.join();
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GT(waited, 0.2);
+  EXPECT_LT(cpu_seconds, 0.05) << "the waiter used the CPU for " << cpu_seconds << " s of "
+                               << waited << " s";
+}
+
+// Many threads contending for the lock all get it, and its critical sections do not overlap.
+TEST(SpinMutex, ContendedLockIsExclusive) {
+  gpumem::detail::spin_mutex m;
+  long counter = 0;
+  std::vector<std::thread> workers;
+  for (int t = 0; t < 4; ++t) {
+    workers.emplace_back([&] {
+      for (int i = 0; i < 20000; ++i) {
+        m.lock();
+        if (i % 1000 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+        ++counter;
+        m.unlock();
+      }
+    });
+  }
+  for (auto& w : workers) w.join();
+  EXPECT_EQ(counter, 4 * 20000);
 }
 
 }  // namespace

@@ -65,6 +65,20 @@ bool have_gpu() {
   return gpumem::cuda_device::device_count() > 0;
 }
 
+// ncclMemAlloc's out of memory (NCCL allocates with the driver and never sets the runtime's last
+// error) is recognised, so that caching_allocator's free-and-retry runs; other failures are not.
+TEST(NcclDevice, RecognisesNcclMemAllocsOutOfMemory) {
+  using gpumem::nccl::detail::nccl_alloc_out_of_memory;
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  EXPECT_FALSE(nccl_alloc_out_of_memory(ncclSuccess, cudaSuccess, 0, 64 * MiB));
+  EXPECT_TRUE(nccl_alloc_out_of_memory(ncclUnhandledCudaError, cudaErrorMemoryAllocation,
+                                       80000 * MiB, 64 * MiB));
+  EXPECT_TRUE(nccl_alloc_out_of_memory(ncclUnhandledCudaError, cudaSuccess, 10 * MiB, 64 * MiB));
+  EXPECT_TRUE(nccl_alloc_out_of_memory(ncclSystemError, cudaSuccess, 65 * MiB, 64 * MiB));
+  EXPECT_FALSE(nccl_alloc_out_of_memory(ncclUnhandledCudaError, cudaSuccess, 8000 * MiB, 64 * MiB));
+  EXPECT_FALSE(nccl_alloc_out_of_memory(ncclInvalidArgument, cudaSuccess, 0, 64 * MiB));
+}
+
 TEST(NcclOnGpu, OneRankAllReduceAverageAndRegistration) {
   if (!have_gpu()) GTEST_SKIP() << "needs a CUDA GPU (label gpu)";
   env_guard env({{"RANK", "0"},

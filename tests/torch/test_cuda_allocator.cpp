@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <unordered_set>
 #include <vector>
 
@@ -177,11 +178,16 @@ TEST_F(Installed, MemoryFractionCapsReservedMemoryAndOomIsPyTorchsError) {
   ASSERT_DOUBLE_EQ(c10_alloc::getMemoryFraction(0), 1.0);
   c10_alloc::setMemoryFraction(0.25, 0);  // of the simulated 16 GiB
   EXPECT_DOUBLE_EQ(c10_alloc::getMemoryFraction(0), 0.25);
-  std::vector<int64_t> observed;
-  static std::vector<int64_t>* seen = nullptr;
+  // PyTorch's arguments: device, the bytes asked of the device, the memory allowed (the cap),
+  // the device's free memory.
+  using observation = std::tuple<int64_t, size_t, size_t, size_t>;
+  std::vector<observation> observed;
+  static std::vector<observation>* seen = nullptr;
   seen = &observed;
   c10_alloc::attachOutOfMemoryObserver(
-      [](int64_t device, size_t, size_t, size_t) { seen->push_back(device); });
+      [](int64_t device, size_t alloc_size, size_t allowed, size_t free_bytes) {  // stays attached
+        if (seen != nullptr) seen->emplace_back(device, alloc_size, allowed, free_bytes);
+      });
   const int64_t ooms = c10_alloc::getDeviceStats(0).num_ooms;
   try {
     c10_alloc::raw_alloc(5ull * 1024 * MiB);
@@ -191,7 +197,11 @@ TEST_F(Installed, MemoryFractionCapsReservedMemoryAndOomIsPyTorchsError) {
     EXPECT_NE(what.find("Tried to allocate"), std::string::npos) << what;
     EXPECT_NE(what.find("fraction"), std::string::npos) << what;  // gpumem's diagnosis
   }
-  EXPECT_EQ(observed, std::vector<int64_t>{0});
+  ASSERT_EQ(observed.size(), 1u);
+  EXPECT_EQ(std::get<0>(observed[0]), 0);
+  EXPECT_EQ(std::get<1>(observed[0]), 5ull * 1024 * MiB);  // the segment or pages it needed
+  EXPECT_EQ(std::get<2>(observed[0]), 4ull * 1024 * MiB);  // the fraction's cap, not 16 GiB
+  EXPECT_GT(std::get<3>(observed[0]), 0u);
   seen = nullptr;
   EXPECT_EQ(c10_alloc::getDeviceStats(0).num_ooms, ooms + 1);
   EXPECT_THROW(c10_alloc::setMemoryFraction(1.5, 0), c10::Error);
@@ -327,6 +337,10 @@ TEST_F(Installed, TraceTrackersSeeEverySegmentChange) {
 // --- CUDA-graph private pools
 // ---------------------------------------------------------------------
 
+bool all_streams_pool(cudaStream_t) {
+  return true;
+}
+
 TEST_F(Installed, PrivatePoolsServeOnlyTheirStreamsAndAreReleased) {
   const gpumemSimCounters before = sim();
   c10::cuda::CUDAStream capture = c10::cuda::getStreamFromPool();
@@ -356,6 +370,81 @@ TEST_F(Installed, PrivatePoolsServeOnlyTheirStreamsAndAreReleased) {
   c10_alloc::emptyCache();
   EXPECT_EQ(sim().bytes_in_use, before.bytes_in_use);  // the pool's memory went back
   EXPECT_THROW(c10_alloc::endAllocateToPool(0, pool), c10::Error);
+}
+
+// What torch.cuda.graph does around a capture: beginAllocateToPool, cudaStreamBeginCapture,
+// allocations and frees (one of a default-pool tensor recorded on the capture stream), the end,
+// endAllocateToPool, replays. During the capture gpumem queries and records no event and skips
+// empty_cache; the graph's pool keeps its memory through empty_cache while the graph lives; once
+// released and empty, empty_cache returns it.
+TEST_F(Installed, ACaptureQueriesNoEventAndTheGraphsPoolStaysPut) {
+  const gpumemSimCounters before = sim();
+  c10::cuda::CUDAStream capture = c10::cuda::getStreamFromPool();
+  const cudaStream_t captured = capture.stream();
+  void* outside = c10_alloc::raw_alloc_with_stream(6 * MiB, nullptr);  // an earlier tensor
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const c10::cuda::MempoolId_t pool{8, 0};
+  c10_alloc::beginAllocateToPool(0, pool, [captured](cudaStream_t s) { return s == captured; });
+  ASSERT_EQ(cudaStreamBeginCapture(captured, cudaStreamCaptureModeGlobal), cudaSuccess);
+  const gpumemSimCounters start = sim();
+  void* tmp = c10_alloc::raw_alloc_with_stream(10 * MiB, captured);
+  ASSERT_EQ(cudaMemsetAsync(tmp, 0, 10 * MiB, captured), cudaSuccess);
+  // (The graph itself does not touch `outside`: freed during the capture, its memory goes back to
+  // the default pool afterwards, where a replay must not use it, as with PyTorch's allocator.)
+  {
+    c10::DataPtr tensor(outside, outside, &gpumem::torch::detail::raw_delete,
+                        c10::Device(c10::DeviceType::CUDA, 0));
+    c10_alloc::recordStream(tensor, capture);  // tensor.record_stream(capture stream)
+    (void)tensor.release_context();            // raw_delete below frees it
+  }
+  c10_alloc::raw_delete(outside);  // deferred to the capture's end
+  c10_alloc::raw_delete(tmp);
+  void* out = c10_alloc::raw_alloc_with_stream(10 * MiB, captured);  // reuses tmp's memory
+  ASSERT_EQ(cudaMemsetAsync(out, 1, 10 * MiB, captured), cudaSuccess);
+  c10_alloc::emptyCache();  // skipped during the capture, as PyTorch skips it
+  const gpumemSimCounters during = sim();
+  EXPECT_EQ(during.calls.event_query, start.calls.event_query);
+  EXPECT_EQ(during.calls.event_record, start.calls.event_record);
+  EXPECT_EQ(during.calls.free, start.calls.free);
+  EXPECT_EQ(during.calls.mem_unmap, start.calls.mem_unmap);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(captured, &graph), cudaSuccess);
+  c10_alloc::endAllocateToPool(0, pool);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, captured), cudaSuccess);
+  c10_alloc::emptyCache();  // the live graph's pool keeps its memory
+  ASSERT_EQ(cudaGraphLaunch(exec, captured), cudaSuccess);
+  c10_alloc::raw_delete(c10_alloc::raw_alloc(512));  // records the deferred event
+  EXPECT_GT(sim().calls.event_record, during.calls.event_record);
+  ASSERT_EQ(cudaStreamSynchronize(captured), cudaSuccess);
+  EXPECT_EQ(sim().violations, 0u);
+  ASSERT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  c10_alloc::releasePool(0, pool);  // CUDAGraph::reset; `out` (its output) lives on
+  c10_alloc::emptyCache();
+  EXPECT_FALSE(c10_alloc::snapshot(pool).segments.empty());
+  c10_alloc::raw_delete(out);  // the last block of the released pool
+  c10_alloc::emptyCache();
+  EXPECT_TRUE(c10_alloc::snapshot(pool).segments.empty());
+  EXPECT_EQ(sim().bytes_in_use, before.bytes_in_use);
+}
+
+// The memory fraction counts the private pools' memory, as PyTorch's does.
+TEST_F(Installed, TheMemoryFractionCountsPrivatePools) {
+  c10_alloc::setMemoryFraction(0.25, 0);  // 4 GiB of the simulated 16
+  const c10::cuda::MempoolId_t pool{9, 0};
+  c10_alloc::beginAllocateToPool(0, pool, all_streams_pool);
+  void* in_pool = c10_alloc::raw_alloc(3ull * 1024 * MiB);
+  c10_alloc::endAllocateToPool(0, pool);
+  EXPECT_THROW(c10_alloc::raw_alloc(2ull * 1024 * MiB), c10::OutOfMemoryError);
+  c10_alloc::raw_delete(in_pool);
+  c10_alloc::releasePool(0, pool);
+  c10_alloc::emptyCache();
+  void* p = c10_alloc::raw_alloc(2ull * 1024 * MiB);
+  c10_alloc::raw_delete(p);
+  c10_alloc::setMemoryFraction(1.0, 0);
+  c10_alloc::emptyCache();
 }
 
 // --- torch.cuda.MemPool and use_mem_pool

@@ -170,6 +170,34 @@ class PluginTest(unittest.TestCase):
             assert gpumem_stats(lib)["allocation.all.current"] == 0
         """)
 
+    def test_pluggable_route_record_stream_entry_point(self):
+        # The route loses tensor.record_stream (PyTorch's pluggable allocator ignores it without a
+        # record-stream function): gpumem says so once, and gpumem_record_stream does what it
+        # should: a block used on another stream is not reused before that stream's work.
+        out, err = self.check(f"""
+            alloc = torch.cuda.memory.CUDAPluggableAllocator({PLUGIN!r}, "gpumem_malloc", "gpumem_free")
+            torch.cuda.memory.change_current_allocator(alloc)
+            lib.gpumem_malloc.restype = ctypes.c_void_p
+            lib.gpumem_malloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+            lib.gpumem_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+            lib.gpumem_record_stream.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+            x = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")   # the warning
+            main = torch.cuda.current_stream().cuda_stream
+            side = torch.cuda.Stream()
+            p = lib.gpumem_malloc(8 * MiB, 0, main)
+            lib.gpumem_record_stream(p, side.cuda_stream)
+            with torch.cuda.stream(side):
+                torch.cuda._sleep(1000)                  # work on the side stream
+            lib.gpumem_free(p, 8 * MiB, 0, main)
+            q = lib.gpumem_malloc(8 * MiB, 0, main)
+            assert q != p, "reused before the side stream's work"
+            lib.gpumem_free(q, 8 * MiB, 0, main)
+            lib.gpumem_record_stream(12345, side.cuda_stream)  # not gpumem's: reported
+            del x
+        """, env={"GPUMEM_SIM_EVENT_DELAY": "30"})
+        self.assertEqual(err.count("used through CUDAPluggableAllocator"), 1, err)
+        self.assertIn("gpumem_record_stream:", err)
+
     def test_loading_too_late_is_reported_once_and_pytorch_keeps_working(self):
         out, err = self.check(f"""
             x = torch.empty(1000, device="cuda")

@@ -91,13 +91,19 @@ class SimTest(unittest.TestCase):
         return out, err
 
     def each_allocator(self, code, env=None):
+        outs, errs = [], []
         for name, extra in ALLOCATORS.items():
             with self.subTest(allocator=name):
                 e = dict(extra)
                 if "TEST_PLUGIN" in e:
                     e["TEST_PLUGIN"] = PLUGIN
                 e.update(env or {})
-                self.check(code, e)
+                out, err = self.check(code, e)
+                # gpumem reports what fails in a destructor (a tensor's deleter) on stderr.
+                self.assertNotIn("gpumem: freeing", err)
+                outs.append(out)
+                errs.append(err)
+        return "".join(outs), "".join(errs)
 
 
 class GraphTest(SimTest):
@@ -152,7 +158,91 @@ class GraphTest(SimTest):
         """)
 
 
+    def test_make_graphed_callables_forward_and_backward(self):
+        self.each_allocator("""
+            def f(x):
+                return (x * 2 + 1).relu()
+            sample = torch.randn(1 << 16, device="cuda", requires_grad=True)
+            graphed = torch.cuda.make_graphed_callables(f, (sample,))
+            before = counters()
+            for _ in range(3):
+                x = torch.randn(1 << 16, device="cuda", requires_grad=True)
+                y = graphed(x)
+                y.sum().backward()
+                assert x.grad is not None and x.grad.shape == x.shape
+            torch.cuda.synchronize()
+            assert counters().graph_launches - before.graph_launches >= 6
+            del graphed, x, y, sample
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            assert counters().violations == 0, last_violation()
+        """)
+
+    def test_record_stream_in_a_capture_and_empty_cache_during_it(self):
+        # A tensor of the default pool recorded on the capturing stream and freed in the capture
+        # (its free waits for the capture's end: no event recorded in the capture, none queried),
+        # a side stream joined into the capture, and empty_cache during the capture (skipped, as
+        # PyTorch skips it: no synchronisation, nothing freed, the capture stays valid).
+        self.each_allocator("""
+            outside = torch.ones(1 << 20, device="cuda")
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            side = torch.cuda.Stream()
+            with torch.cuda.graph(g):
+                cur = torch.cuda.current_stream()
+                outside.record_stream(cur)
+                del outside
+                static = torch.zeros(1 << 20, device="cuda")
+                side.wait_stream(cur)
+                with torch.cuda.stream(side):
+                    tmp = static + 1
+                    tmp.record_stream(side)
+                cur.wait_stream(side)
+                out = tmp * 2
+                del tmp
+                reserved = torch.cuda.memory_reserved()
+                torch.cuda.empty_cache()
+                assert torch.cuda.memory_reserved() == reserved
+            for _ in range(3):
+                g.replay()
+            x = torch.empty(1 << 20, device="cuda")   # processes what the capture deferred
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()                  # the live graph's pool keeps its memory
+            g.replay()
+            torch.cuda.synchronize()
+            del g, out, static, x
+            torch.cuda.empty_cache()
+            assert counters().violations == 0, last_violation()
+        """)
+
+
 class MultiDeviceTest(SimTest):
+    def test_record_stream_on_another_devices_stream(self):
+        # A tensor of device 0 read on a stream of device 1 and recorded there: the event is
+        # device 1's. With the event made on device 0, recording it fails inside the tensor's
+        # deleter, which reports it and leaks the block.
+        out, err = self.each_allocator("""
+            a = torch.ones(4 << 20, device="cuda:0")
+            torch.cuda.synchronize(0)
+            with torch.cuda.device(1):
+                s1 = torch.cuda.Stream()
+                with torch.cuda.stream(s1):
+                    b = torch.empty(4 << 20, device="cuda:1")
+                    b.copy_(a)
+                a.record_stream(s1)
+            del a
+            c = torch.empty(4 << 20, device="cuda:0")   # may reuse a's memory only after s1's copy
+            c.fill_(2.0)
+            torch.cuda.synchronize(0)
+            torch.cuda.synchronize(1)
+            del b, c
+            torch.cuda.empty_cache()
+            assert torch.cuda.memory_allocated(0) == 0, torch.cuda.memory_allocated(0)
+            assert torch.cuda.memory_reserved(0) == 0, torch.cuda.memory_reserved(0)
+            assert counters().violations == 0, last_violation()
+        """, {"GPUMEM_SIM_DEVICES": "2", "GPUMEM_SIM_MEMORY": "80GiB"})
+
+
     def test_tensors_copies_and_side_streams_on_two_devices(self):
         self.each_allocator("""
             assert torch.cuda.device_count() == 2
@@ -175,6 +265,29 @@ class MultiDeviceTest(SimTest):
             torch.cuda.synchronize(0)
             torch.cuda.synchronize(1)
             del a, b, d, e, f
+            torch.cuda.empty_cache()
+            assert counters().violations == 0, last_violation()
+        """, {"GPUMEM_SIM_DEVICES": "2", "GPUMEM_SIM_MEMORY": "80GiB"})
+
+    def test_a_copy_between_devices_grants_the_peer_the_vmm_pages(self):
+        # PyTorch enables peer access for a copy between GPUs (enablePeerAccess): the pages of
+        # expandable segments and of gpumem's VMM policies, which peer access does not cover, are
+        # granted with cuMemSetAccess, those mapped then and those mapped later.
+        self.each_allocator("""
+            conf = os.environ.get("GPUMEM_ALLOC_CONF", "") + os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+            vmm = "expandable" in conf or "stitch" in conf
+            a = torch.ones(4 << 20, device="cuda:0")
+            b = torch.empty(4 << 20, device="cuda:1")
+            before = counters().set_access
+            b.copy_(a)
+            granted = counters().set_access - before
+            assert (granted > 0) == vmm, (granted, vmm)
+            c = torch.empty(64 << 20, device="cuda:1")      # mapped after: granted too
+            later = counters().set_access - before - granted
+            assert (later >= 2) == vmm, later               # its own device and the peer
+            torch.cuda.synchronize(0)
+            torch.cuda.synchronize(1)
+            del a, b, c
             torch.cuda.empty_cache()
             assert counters().violations == 0, last_violation()
         """, {"GPUMEM_SIM_DEVICES": "2", "GPUMEM_SIM_MEMORY": "80GiB"})

@@ -33,6 +33,16 @@ const char* gpumem_last_error(void);
 void* gpumem_malloc(ssize_t size, int device, gpumem_stream_t stream);
 void gpumem_free(void* ptr, ssize_t size, int device, gpumem_stream_t stream);
 
+/* record_stream for the CUDAPluggableAllocator route: `ptr` (from gpumem_malloc) is also used on
+ * `stream`, so its memory is reused only after the work queued there before its free. The route
+ * replaces gpumem's full adapter, and PyTorch's CUDAPluggableAllocator ignores
+ * tensor.record_stream() unless a record-stream function is set: from C++, register this one
+ * (CUDAPluggableAllocator::set_record_stream_fn(gpumem_record_stream)); Python's
+ * CUDAPluggableAllocator(path, "gpumem_malloc", "gpumem_free") cannot, so programs that use
+ * record_stream must load the plugin as PyTorch's allocator instead (the default), or call this
+ * themselves. Failures (a pointer gpumem does not own) are reported, not fatal; never throws. */
+void gpumem_record_stream(void* ptr, gpumem_stream_t stream);
+
 /* gpumem's memory summary of `device` (PyTorch's table, then gpumem's section) or its statistics
  * as JSON with torch.cuda.memory_stats()'s keys, written to buf (at most len bytes with the
  * terminating NUL). Returns the full length without the NUL (call with len 0 to size the buffer),

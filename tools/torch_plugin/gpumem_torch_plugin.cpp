@@ -4,6 +4,7 @@
 
 #include <c10/cuda/CUDAGuard.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -60,6 +61,19 @@ c10::DeviceIndex device_index(int device) {
   return static_cast<c10::DeviceIndex>(device);
 }
 
+// The CUDAPluggableAllocator route replaces gpumem's full adapter as PyTorch's allocator: say
+// once what it loses (record_stream, unless gpumem_record_stream is registered).
+void warn_pluggable_route_once(gpumem::torch::cuda_allocator& a) {
+  static std::atomic<bool> warned{false};
+  if (c10::cuda::CUDACachingAllocator::get() == &a || warned.exchange(true)) return;
+  std::fprintf(stderr,
+               "gpumem: used through CUDAPluggableAllocator, which replaces gpumem's adapter: "
+               "tensor.record_stream() is ignored unless gpumem_record_stream is registered "
+               "(set_record_stream_fn, from C++), and memory stats, snapshots and CUDA-graph "
+               "pools are PyTorch's pluggable allocator's; load libgpumem_torch.so without "
+               "change_current_allocator to keep them\n");
+}
+
 // Installs at load. Reported once, on stderr, when it cannot.
 struct install_at_load {
   install_at_load() noexcept {
@@ -91,6 +105,7 @@ void* gpumem_malloc(ssize_t size, int device, gpumem_stream_t stream) {
   const int rc = guarded([&] {
     if (size < 0) throw gpumem::usage_error("gpumem_malloc: negative size " + std::to_string(size));
     gpumem::torch::cuda_allocator& a = require_installed();
+    warn_pluggable_route_once(a);
     c10::cuda::CUDAGuard guard(device_index(device));
     ptr = a.raw_alloc_with_stream(static_cast<size_t>(size), stream);
   });
@@ -101,6 +116,15 @@ void* gpumem_malloc(ssize_t size, int device, gpumem_stream_t stream) {
 void gpumem_free(void* ptr, ssize_t, int, gpumem_stream_t) {
   const int rc = guarded([&] { require_installed().raw_delete(ptr); });
   if (rc != 0) std::fprintf(stderr, "gpumem_free: %s\n", last_error().c_str());
+}
+
+void gpumem_record_stream(void* ptr, gpumem_stream_t stream) {
+  const int rc = guarded([&] {
+    gpumem::torch::cuda_allocator& a = require_installed();
+    a.default_pool(0);  // the devices are set up
+    a.record_stream_raw(ptr, stream);
+  });
+  if (rc != 0) std::fprintf(stderr, "gpumem_record_stream: %s\n", last_error().c_str());
 }
 
 size_t gpumem_memory_summary(int device, char* buf, size_t len) {

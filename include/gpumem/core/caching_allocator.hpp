@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -61,6 +62,12 @@ struct address_order {
   }
   bool operator()(const block<Stream>* a, std::uintptr_t b) const noexcept { return a->ptr < b; }
   bool operator()(std::uintptr_t a, const block<Stream>* b) const noexcept { return a < b->ptr; }
+};
+
+// Reserved bytes of several allocators counted together against the memory fraction
+// (share_memory_limit_with): a device's default pool and its private pools, as PyTorch counts them.
+struct reserved_ledger {
+  std::atomic<std::size_t> bytes{0};
 };
 
 // What a device without virtual memory management has of vmm_pages: nothing.
@@ -213,11 +220,12 @@ class caching_allocator {
   /// (pointers handed out become invalid). Never throws.
   ~caching_allocator() {
     std::lock_guard<detail::spin_mutex> lock(mutex_);
+    if (ledger_) ledger_->bytes.fetch_sub(reserved_total_);
     try {
       for (auto& [stream, queue] : pending_events_) {
         for (auto& pe : queue) device_.destroy_event(pe.event);
       }
-      for (event_type e : free_events_) device_.destroy_event(e);
+      for (const auto& [device, e] : free_events_) device_.destroy_event(e);
       // cudaFree waits for the device; cuMemUnmap does not (see release_vmm_cache).
       if (vmm_policy() && segments_ != nullptr) device_.synchronize();
       for (segment_type* s = segments_; s != nullptr; s = s->next) {
@@ -253,7 +261,11 @@ class caching_allocator {
     if (size == 0) return nullptr;
     std::lock_guard<detail::spin_mutex> lock(mutex_);
     observer_error_ = nullptr;
-    if (!pending_events_.empty()) process_events();
+    // PyTorch's malloc: no event query while a capture may be under way (an event recorded in a
+    // capture cannot be queried); what was freed meanwhile waits for the capture's end.
+    if (captures_underway_ == 0 && (!pending_events_.empty() || !deferred_.empty())) {
+      process_events();
+    }
     if (size > detail::k_max_request) {
       throw_oom(size, size, size, lookup_pools(stream).large, false);
     }
@@ -324,12 +336,115 @@ class caching_allocator {
   /// allocated block to the device (PyTorch's emptyCache). Under stitch it also forgets which size
   /// classes freed blocks, so that the next phase of a program (training after an evaluation pass)
   /// is placed as if it ran alone. Throws cuda_error on device failure.
+  ///
+  /// Does nothing while a capture is under way (begin_capture), as PyTorch skips its default
+  /// pool then: it would synchronise and free memory the capture may use. Does nothing while the
+  /// memory is fixed (set_memory_fixed): a live private pool keeps its cache.
   void empty_cache() {
     std::lock_guard<detail::spin_mutex> lock(mutex_);
+    if (captures_underway_ > 0) return;
+    if (memory_fixed_) return;
     observer_error_ = nullptr;
     release_cached_blocks();
     forget_freed_classes();
     rethrow_observer_error();
+  }
+
+  // ---------------------------------------------------------------------------------------------
+  // CUDA graphs, private pools, peers
+
+  /// A CUDA-graph capture (or a private pool's use, which PyTorch treats alike) begins on the
+  /// allocator's device: until the matching end_capture, as PyTorch's allocator does while
+  /// captures are under way, the allocator queries no event (an event recorded in a capture
+  /// cannot be queried), a block freed with record_stream uses waits for the capture's end before
+  /// its events are recorded, a miss never frees, unmaps or synchronises (no out-of-memory retry,
+  /// no garbage collection: it only adds memory, in relaxed capture mode for the caller to set),
+  /// stitch never makes a stream wait for another to reuse a page, and empty_cache does nothing.
+  /// Calls nest (one per capture under way).
+  void begin_capture() {
+    std::lock_guard<detail::spin_mutex> lock(mutex_);
+    ++captures_underway_;
+  }
+
+  /// Ends one begin_capture. Throws usage_error when none is under way.
+  void end_capture() {
+    std::lock_guard<detail::spin_mutex> lock(mutex_);
+    if (captures_underway_ == 0) {
+      throw usage_error("gpumem: end_capture without a capture under way (begin_capture)");
+    }
+    --captures_underway_;
+  }
+
+  /// Whether a capture is under way (begin_capture without its end_capture).
+  bool capture_underway() const {
+    std::lock_guard<detail::spin_mutex> lock(mutex_);
+    return captures_underway_ > 0;
+  }
+
+  /// Fixes the allocator's memory (true) or frees it again (false). While fixed, no memory it
+  /// holds is ever returned, unmapped or remapped: empty_cache does nothing, a miss neither
+  /// frees cached blocks nor unmaps pages before asking the device for more (it fails with
+  /// out_of_memory instead), garbage collection is off. For a CUDA graph's private pool, whose
+  /// addresses the graph keeps using after its blocks are freed: fixed while the pool is in use,
+  /// released (false) when the pool is, so that empty_cache can return it.
+  void set_memory_fixed(bool fixed) {
+    std::lock_guard<detail::spin_mutex> lock(mutex_);
+    memory_fixed_ = fixed;
+  }
+
+  bool memory_fixed() const {
+    std::lock_guard<detail::spin_mutex> lock(mutex_);
+    return memory_fixed_;
+  }
+
+  /// Device `peer` may access this allocator's memory (PyTorch's addPeerAccess, after
+  /// cudaDeviceEnablePeerAccess): VMM memory, which peer access does not cover, is granted to
+  /// `peer` with cuMemSetAccess now for every mapped page and from now on for every page mapped.
+  /// Does nothing on a device without VMM or for the allocator's own device; a peer is added once.
+  /// Throws cuda_error when the device refuses.
+  void add_peer_access(int peer) {
+    std::lock_guard<detail::spin_mutex> lock(mutex_);
+    if constexpr (is_vmm_device_v<Device> && detail::has_grant_access_v<Device>) {
+      if (peer == device_.index() || vmm_.has_peer(peer)) return;
+      vmm_.add_peer(peer);
+      for (segment_type* s = segments_; s != nullptr; s = s->next) {
+        if (s->page_size == 0) continue;
+        for (std::size_t i = 0; i < s->pages.size();) {
+          if (s->pages[i] == detail::no_page) {
+            ++i;
+            continue;
+          }
+          std::size_t j = i;
+          while (j < s->pages.size() && s->pages[j] != detail::no_page) ++j;
+          device_.grant_access(s->ptr + i * s->page_size, (j - i) * s->page_size, peer);
+          i = j;
+        }
+      }
+    } else {
+      (void)peer;
+    }
+  }
+
+  /// Counts this allocator's reserved memory together with `other`'s (and every allocator that
+  /// shares with either) against the memory fraction, as PyTorch counts its private pools with the
+  /// rest of the device. Call before either allocates concurrently with it; set the fraction on
+  /// each (set_memory_fraction).
+  void share_memory_limit_with(caching_allocator& other) {
+    if (&other == this) return;
+    std::shared_ptr<detail::reserved_ledger> ledger;
+    {
+      std::lock_guard<detail::spin_mutex> lock(other.mutex_);
+      if (!other.ledger_) {
+        other.ledger_ = std::make_shared<detail::reserved_ledger>();
+        other.ledger_->bytes.fetch_add(other.reserved_total_);
+      }
+      ledger = other.ledger_;
+    }
+    std::lock_guard<detail::spin_mutex> lock(mutex_);
+    if (ledger_ == ledger) return;
+    if (ledger_) ledger_->bytes.fetch_sub(reserved_total_);
+    ledger_ = std::move(ledger);
+    ledger_->bytes.fetch_add(reserved_total_);
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -441,7 +556,7 @@ class caching_allocator {
         if (b->allocated) {
           bs.state = block_state::active_allocated;
           ss.allocated_size += b->size;
-        } else if (b->event_count > 0) {
+        } else if (b->event_count > 0 || !b->stream_uses.empty()) {
           bs.state = block_state::active_pending_free;
         }
         if (bs.state != block_state::inactive) {
@@ -512,6 +627,7 @@ class caching_allocator {
   struct pending_event {
     event_type event;
     block_type* block;
+    int device;  // the event's device (its stream's)
   };
 
   static std::int64_t as_i64(std::size_t v) noexcept { return static_cast<std::int64_t>(v); }
@@ -544,11 +660,33 @@ class caching_allocator {
     counts_.decrease(small, counter::allocation, 1);
     counts_.decrease(small, counter::allocated_bytes, as_i64(b->size));
     if (b->size >= config_.max_split_size) stats_.oversize_allocations.decrease(1);
-    if (!b->stream_uses.empty()) {
-      insert_events(b);
-    } else {
+    if (b->stream_uses.empty()) {
       free_block(b);
+    } else if (captures_underway_ > 0) {
+      // PyTorch's free during a capture: an event recorded now on a capturing stream could never
+      // be queried; the block waits (pending) until events can be recorded after the capture.
+      deferred_.push_back(b);
+    } else {
+      insert_events(b);
     }
+  }
+
+  // Whether the allocator may free, unmap or synchronise to serve a miss (PyTorch releases
+  // nothing during a capture; a fixed allocator's memory stays put).
+  bool may_release() const noexcept { return captures_underway_ == 0 && !memory_fixed_; }
+
+  // Reserved bytes counted against the memory fraction: this allocator's, or those of every
+  // allocator sharing its limit.
+  std::size_t limited_total() const noexcept {
+    return ledger_ ? ledger_->bytes.load(std::memory_order_relaxed) : reserved_total_;
+  }
+  void add_reserved(std::size_t bytes) noexcept {
+    reserved_total_ += bytes;
+    if (ledger_) ledger_->bytes.fetch_add(bytes, std::memory_order_relaxed);
+  }
+  void sub_reserved(std::size_t bytes) noexcept {
+    reserved_total_ -= bytes;
+    if (ledger_) ledger_->bytes.fetch_sub(bytes, std::memory_order_relaxed);
   }
 
   bool gc_enabled() const noexcept {
@@ -603,9 +741,12 @@ class caching_allocator {
     for (;;) {
       block_type* b = p.index.lower_bound(rounded);
       if (b != nullptr && policy_ == allocator_policy::expandable) b = least_expandable(p, b);
-      if (b == nullptr || oversize_refuses(b->size, rounded)) return nullptr;
+      if (b == nullptr || oversize_refuses(b->size, rounded)) return restore_set_aside(nullptr);
       p.index.erase(b);
-      if (b->seg->shared_pages == 0 || !shadow_held_pages(b)) return b;
+      if (b->seg->shared_pages == 0) return restore_set_aside(b);
+      if (shadow_held_pages(b)) continue;
+      if (!orders_during_capture(b)) return restore_set_aside(b);
+      set_aside_.push_back(b);
     }
   }
 
@@ -623,6 +764,30 @@ class caching_allocator {
     return b;
   }
 
+  // Stitch during a capture: whether using free block b (out of the index) would make its stream
+  // wait for another one (a shared page last used elsewhere). Such a wait would record an event
+  // on one stream and wait on another across the capture's boundary, which the capture forbids
+  // (or drags the other stream into it), so the block is not used until the capture ends.
+  bool orders_during_capture(const block_type* b) const noexcept {
+    if constexpr (is_vmm_device_v<Device>) {
+      if (captures_underway_ == 0 || b->seg->shared_pages == 0) return false;
+      const auto [first, last] = page_span(b);
+      return vmm_.would_order(*b->seg, first, last, b->owner->stream);
+    } else {
+      (void)b;
+      return false;
+    }
+  }
+
+  // Puts the blocks orders_during_capture set aside back into their pools' indexes.
+  GPUMEM_ALWAYS_INLINE block_type* restore_set_aside(block_type* found) {
+    if (!set_aside_.empty()) {
+      for (block_type* b : set_aside_) index_insert(*b->owner, b);
+      set_aside_.clear();
+    }
+    return found;
+  }
+
   GPUMEM_ALWAYS_INLINE bool oversize_refuses(std::size_t block_size, std::size_t rounded) const {
     const std::size_t max_split = config_.max_split_size;
     // A request below max_split_size never takes an oversize block...
@@ -637,13 +802,14 @@ class caching_allocator {
   block_type* allocate_new_block(pool_type& p, std::size_t size, std::size_t rounded) {
     if (vmm_policy()) return vmm_allocate_new_block(p, size, rounded);
     const std::size_t seg_size = detail::allocation_size(rounded, config_.large_segment_size);
-    if (gc_enabled()) garbage_collect_cached_blocks();
+    const bool may_release_memory = may_release();
+    if (gc_enabled() && may_release_memory) garbage_collect_cached_blocks();
     bool fraction_refused = false;
     block_type* b = alloc_block(p, seg_size, false, fraction_refused);
-    if (b == nullptr && release_available_cached_blocks(p, rounded)) {
+    if (b == nullptr && may_release_memory && release_available_cached_blocks(p, rounded)) {
       b = alloc_block(p, seg_size, false, fraction_refused);
     }
-    if (b == nullptr) {
+    if (b == nullptr && may_release_memory) {
       release_cached_blocks();
       b = alloc_block(p, seg_size, true, fraction_refused);
     }
@@ -655,14 +821,14 @@ class caching_allocator {
                           bool& fraction_refused) {
     if (is_retry) ++stats_.num_alloc_retries;
     fraction_refused = false;
-    if (fraction_set_ && reserved_total_ + seg_size > allowed_memory_maximum_) {
+    if (fraction_set_ && limited_total() + seg_size > allowed_memory_maximum_) {
       fraction_refused = true;
       return nullptr;
     }
     void* ptr = device_.allocate(seg_size);
     if (ptr == nullptr) return nullptr;
     ++stats_.num_device_alloc;
-    reserved_total_ += seg_size;
+    add_reserved(seg_size);
 
     segment_type* s = segment_pool_.create();
     s->ptr = reinterpret_cast<std::uintptr_t>(ptr);
@@ -728,8 +894,9 @@ class caching_allocator {
     if (vmm_policy()) return;  // as PyTorch skips expandable segments: they unmap on empty_cache
     const auto threshold = static_cast<std::size_t>(config_.garbage_collection_threshold *
                                                     static_cast<double>(allowed_memory_maximum_));
-    if (reserved_total_ <= threshold) return;
-    const std::size_t target = reserved_total_ - threshold;
+    const std::size_t reserved = limited_total();
+    if (reserved <= threshold) return;
+    const std::size_t target = reserved - threshold;
     const std::uint64_t now = gc_calls_[1];
     std::vector<block_type*> freeable;
     for (auto& sp : stream_pools_) {
@@ -769,7 +936,7 @@ class caching_allocator {
     if (observer_) notify(allocator_action::segment_free, s->ptr, s->size, b->owner->stream);
     device_.deallocate(reinterpret_cast<void*>(s->ptr), s->size);
     ++stats_.num_device_free;
-    reserved_total_ -= s->size;
+    sub_reserved(s->size);
     pool_type& p = *b->owner;
     counts_.decrease(p.is_small, counter::segment, 1);
     counts_.decrease(p.is_small, counter::reserved_bytes, as_i64(s->size));
@@ -994,7 +1161,7 @@ class caching_allocator {
     bool fraction_refused = false;
     block_type* b = vmm_alloc_block(p, rounded, false, fraction_refused);
     if (b == nullptr && stitch_large) b = borrow_block(p, rounded, true);
-    if (b == nullptr) {
+    if (b == nullptr && may_release()) {
       release_cached_blocks();
       b = vmm_alloc_block(p, rounded, true, fraction_refused);
     }
@@ -1023,9 +1190,12 @@ class caching_allocator {
   block_type* borrow_block(pool_type& p, std::size_t rounded, bool last_resort) {
     for (;;) {
       block_type* b = borrow_candidate(p, rounded, last_resort);
-      if (b == nullptr) return nullptr;
+      if (b == nullptr) return restore_set_aside(nullptr);
       b->owner->index.erase(b);
-      if (b->seg->shared_pages == 0 || !shadow_held_pages(b)) return b;
+      if (b->seg->shared_pages == 0) return restore_set_aside(b);
+      if (shadow_held_pages(b)) continue;
+      if (!orders_during_capture(b)) return restore_set_aside(b);
+      set_aside_.push_back(b);
     }
   }
 
@@ -1167,6 +1337,7 @@ class caching_allocator {
               break;
             }
             index_insert(p, b);
+            if (orders_during_capture(b)) break;  // the run ends before it (see get_free_block)
           }
           bytes += b->size;
         }
@@ -1393,7 +1564,7 @@ class caching_allocator {
       const bool small = target.owner->is_small;
       auto create = [&](std::size_t until) {
         while (out.size() < until) {
-          if (fraction_set_ && reserved_total_ + (created + 1) * page > allowed_memory_maximum_) {
+          if (fraction_set_ && limited_total() + (created + 1) * page > allowed_memory_maximum_) {
             fraction_refused = true;
             return;
           }
@@ -1470,6 +1641,7 @@ class caching_allocator {
         for (std::size_t i = first; i < first + src.order.pages && out.size() < count; ++i) {
           const detail::page_id id = s->pages[i];
           if (vmm_.held_elsewhere(*s, i) || vmm_.mapped_in(id, target) ||
+              (captures_underway_ > 0 && vmm_.would_order(id, target.stream)) ||
               std::find(out.begin(), out.end(), id) != out.end()) {
             continue;
           }
@@ -1493,7 +1665,7 @@ class caching_allocator {
   // The stats of pages that vmm_pages released (their last mapping went).
   void count_released(const detail::physical_page<stream_type>& page) {
     ++stats_.num_device_free;
-    reserved_total_ -= page.bytes;
+    sub_reserved(page.bytes);
     counts_.decrease(page.small, counter::reserved_bytes, as_i64(page.bytes));
   }
 
@@ -1564,7 +1736,7 @@ class caching_allocator {
         return false;
       }
       if (observer_) notify(allocator_action::segment_map, to_map->ptr, n * page, p.stream);
-      reserved_total_ += created * page;
+      add_reserved(created * page);
       counts_.increase(p.is_small, counter::reserved_bytes, as_i64(created * page));
 
       p.unmapped.erase(to_map);
@@ -1632,21 +1804,64 @@ class caching_allocator {
 
   // --- stream events -----------------------------------------------------------------------------
 
-  event_type take_event() {
-    if (free_events_.empty()) return device_.create_event();
-    event_type e = free_events_.back();
-    free_events_.pop_back();
-    return e;
+  // The device an event for `stream` must be created on: the stream's (record_stream may name a
+  // stream of another GPU, as PyTorch allows), or the allocator's on a one-GPU device.
+  int event_device(stream_type stream) const {
+    if constexpr (detail::has_stream_device_v<Device>) {
+      return device_.stream_device(stream);
+    } else {
+      (void)stream;
+      return device_.index();
+    }
   }
 
+  event_type take_event(stream_type stream, int device) {
+    for (std::size_t i = free_events_.size(); i-- > 0;) {
+      if (free_events_[i].first == device) {
+        const event_type e = free_events_[i].second;
+        free_events_.erase(free_events_.begin() + static_cast<std::ptrdiff_t>(i));
+        return e;
+      }
+    }
+    if constexpr (detail::has_stream_device_v<Device>) {
+      return device_.create_event_for(stream);
+    } else {
+      (void)stream;
+      return device_.create_event();
+    }
+  }
+
+  // PyTorch's insert_events: one event per stream the block was used on, created on that stream's
+  // device. A stream whose event cannot be recorded (a device failure) is waited for instead of
+  // being lost: the whole device is synchronised, then the error is rethrown once the block is
+  // consistent (freed, or pending on the events that were recorded).
   void insert_events(block_type* b) {
     std::vector<stream_type> streams = std::move(b->stream_uses);
     b->stream_uses.clear();
+    std::exception_ptr failure;
     for (stream_type s : streams) {
-      event_type e = take_event();
-      device_.record_event(e, s);
-      ++b->event_count;
-      queue_for(s).push_back(pending_event{e, b});
+      try {
+        const int device = event_device(s);
+        event_type e = take_event(s, device);
+        try {
+          device_.record_event(e, s);
+        } catch (...) {
+          free_events_.emplace_back(device, e);
+          throw;
+        }
+        ++b->event_count;
+        queue_for(s).push_back(pending_event{e, b, device});
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
+    }
+    if (failure) {
+      try {
+        device_.synchronize();
+      } catch (...) {
+      }
+      if (b->event_count == 0) free_block(b);
+      std::rethrow_exception(failure);
     }
   }
 
@@ -1658,8 +1873,18 @@ class caching_allocator {
     return pending_events_.back().second;
   }
 
-  // PyTorch's process_events: per stream, retire completed events in order.
+  // PyTorch's insert_events_deferred_until_no_capture: the blocks freed during captures get their
+  // events now (the streams' work recorded since includes everything they were used for).
+  void insert_deferred_events() {
+    std::vector<block_type*> blocks;
+    blocks.swap(deferred_);
+    for (block_type* b : blocks) insert_events(b);
+  }
+
+  // PyTorch's process_events: per stream, retire completed events in order. Never during a
+  // capture (the callers check).
   void process_events() {
+    if (!deferred_.empty()) insert_deferred_events();
     for (auto it = pending_events_.begin(); it != pending_events_.end();) {
       auto& queue = it->second;
       while (!queue.empty()) {
@@ -1674,6 +1899,7 @@ class caching_allocator {
 
   void synchronize_and_free_events() {
     ++stats_.num_sync_all_streams;
+    if (!deferred_.empty()) insert_deferred_events();
     for (auto& [stream, queue] : pending_events_) {
       for (pending_event& pe : queue) {
         device_.synchronize_event(pe.event);
@@ -1684,7 +1910,7 @@ class caching_allocator {
   }
 
   void retire_event(pending_event& pe) {
-    free_events_.push_back(pe.event);
+    free_events_.emplace_back(pe.device, pe.event);
     if (--pe.block->event_count == 0) free_block(pe.block);
   }
 
@@ -1788,7 +2014,7 @@ class caching_allocator {
         u.assign(s->pages.size(), 0);
         for (const block_type* b = s->head; b != nullptr; b = b->next) {
           const auto [first, last] = page_span(b);
-          if (b->allocated || b->event_count > 0) {
+          if (b->allocated || b->event_count > 0 || !b->stream_uses.empty()) {
             for (std::size_t i = first; i < last; ++i) ++u[i];
           }
           if (b->shadowed) {
@@ -1871,7 +2097,7 @@ class caching_allocator {
         if (b->seg != s || b->owner != s->owner) fail("block points at the wrong segment or pool");
         if (b->next != nullptr && b->next->prev != b) fail("broken prev/next links");
         expect += b->size;
-        const bool pending = !b->allocated && b->event_count > 0;
+        const bool pending = !b->allocated && (b->event_count > 0 || !b->stream_uses.empty());
         const bool is_free = !b->allocated && !pending && b->mapped && !b->shadowed;
         if (b->allocated) {
           ++allocated_blocks;
@@ -2000,7 +2226,12 @@ class caching_allocator {
   segment_type* segments_ = nullptr;
   segment_type* segments_tail_ = nullptr;
   std::vector<std::pair<stream_type, std::deque<pending_event>>> pending_events_;
-  std::vector<event_type> free_events_;
+  std::vector<std::pair<int, event_type>> free_events_;  // (device, event), for reuse
+  std::vector<block_type*> deferred_;   // freed during a capture with record_stream uses
+  std::vector<block_type*> set_aside_;  // get_free_block's blocks to put back (stitch, capture)
+  int captures_underway_ = 0;           // begin_capture minus end_capture
+  bool memory_fixed_ = false;           // set_memory_fixed
+  std::shared_ptr<detail::reserved_ledger> ledger_;  // share_memory_limit_with
 
   detail::pool_counters counts_;  // the per-pool stat arrays
   device_stats stats_;            // the scalar stats (its arrays are filled from counts_)

@@ -153,9 +153,43 @@ class cuda_device {
     }
   }
 
-  /// cudaEventRecord. Thread-safe. Throws cuda_error.
+  /// The device `stream` belongs to (cudaStreamGetDevice; this device for the legacy and
+  /// per-thread default streams, which are the current device's). Thread-safe. Throws cuda_error.
+  int stream_device(stream_type stream) const {
+    if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) {
+      return index_;
+    }
+#if CUDART_VERSION >= 12080
+    int device = index_;
+    const cudaError_t status = cudaStreamGetDevice(stream, &device);
+    if (status != cudaSuccess) {
+      detail::throw_cuda_error(status, fmt::format("cudaStreamGetDevice({}, &device)", ptr(stream)),
+                               index_);
+    }
+    return device;
+#else
+    return index_;
+#endif
+  }
+
+  /// An event (cudaEventDisableTiming) on the device of `stream`, so that it can be recorded
+  /// there: a record_stream on another GPU's stream needs one of that GPU. Thread-safe. Throws
+  /// cuda_error.
+  event_type create_event_for(stream_type stream) {
+    detail::cuda_device_guard guard(stream_device(stream));
+    cudaEvent_t event = nullptr;
+    const cudaError_t status = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+    if (status != cudaSuccess) {
+      detail::throw_cuda_error(status, "cudaEventCreateWithFlags(&event, cudaEventDisableTiming)",
+                               index_);
+    }
+    return event;
+  }
+
+  /// cudaEventRecord, with the stream's device current (the event must be of that device:
+  /// create_event_for). Thread-safe. Throws cuda_error.
   void record_event(event_type event, stream_type stream) {
-    detail::cuda_device_guard guard(index_);
+    detail::cuda_device_guard guard(stream_device(stream));
     const cudaError_t status = cudaEventRecord(event, stream);
     if (status != cudaSuccess) {
       detail::throw_cuda_error(

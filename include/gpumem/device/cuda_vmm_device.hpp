@@ -49,7 +49,8 @@
 //    the position of expandable segments without IPC: processes that share GPU tensors through CUDA
 //    IPC must use cudaMalloc segments (cuda_device, the classic policy) for the memory they share.
 //  * Other devices see the memory only after cuMemSetAccess grants them access (peer access enabled
-//    with cudaDeviceEnablePeerAccess does not apply); set_access grants this device only.
+//    with cudaDeviceEnablePeerAccess does not apply); set_access grants this device only,
+//    grant_access any device (caching_allocator::add_peer_access grants its peers every page).
 //  * GPUDirect RDMA to this memory needs CUmemAllocationProp::allocFlags.gpuDirectRDMACapable (on
 //    devices with CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED); it is not
 //    requested here.
@@ -334,18 +335,23 @@ class cuda_vmm_device : public cuda_device {
 
   /// cuMemSetAccess: read/write access for this device to [va, va + size), which must be fully
   /// mapped. Thread-safe. Throws cuda_error (CUDA_ERROR_INVALID_VALUE).
-  void set_access(std::uintptr_t va, std::size_t size) {
+  void set_access(std::uintptr_t va, std::size_t size) { grant_access(va, size, index()); }
+
+  /// cuMemSetAccess: read/write access for device `device` (this one or a peer: what PyTorch's
+  /// addPeerAccess grants expandable segments) to [va, va + size), which must be fully mapped.
+  /// Thread-safe. Throws cuda_error (CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_INVALID_DEVICE).
+  void grant_access(std::uintptr_t va, std::size_t size, int device) {
     const detail::cuda_driver_api& api = driver();
     CUmemAccessDesc desc{};
     desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    desc.location.id = index();
+    desc.location.id = device;
     desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     const CUresult status = api.mem_set_access(static_cast<CUdeviceptr>(va), size, &desc, 1);
     if (status != CUDA_SUCCESS) {
       detail::throw_cu_error(api, status,
                              fmt::format("cuMemSetAccess(va={:#x}, size={}, {{device {}, "
                                          "read/write}}, 1)",
-                                         va, size, index()),
+                                         va, size, device),
                              index());
     }
   }

@@ -496,4 +496,33 @@ struct vmm_device<D, true>
 template <class D>
 inline constexpr bool is_vmm_device_v = detail::vmm_device<D>::value;
 
+namespace detail {
+
+// Optional members of a device with several GPUs in the process (cuda_device, cuda_vmm_device):
+//   int stream_device(stream_type) const;           // the device a stream belongs to
+//   event_type create_event_for(stream_type);        // an event that can be recorded on it
+// and of a VMM device whose memory other GPUs may access:
+//   void grant_access(std::uintptr_t va, std::size_t size, int peer);  // cuMemSetAccess for peer
+// Devices without them have one GPU: events are created on it, access is granted to it alone.
+template <class D, class = void>
+struct has_stream_device : std::false_type {};
+template <class D>
+struct has_stream_device<D, std::void_t<decltype(std::declval<const D&>().stream_device(
+                                            std::declval<typename D::stream_type>())),
+                                        decltype(std::declval<D&>().create_event_for(
+                                            std::declval<typename D::stream_type>()))>>
+    : std::true_type {};
+template <class D>
+inline constexpr bool has_stream_device_v = has_stream_device<D>::value;
+
+template <class D, class = void>
+struct has_grant_access : std::false_type {};
+template <class D>
+struct has_grant_access<D, std::void_t<decltype(std::declval<D&>().grant_access(
+                               std::uintptr_t{}, std::size_t{}, int{}))>> : std::true_type {};
+template <class D>
+inline constexpr bool has_grant_access_v = has_grant_access<D>::value;
+
+}  // namespace detail
+
 }  // namespace gpumem

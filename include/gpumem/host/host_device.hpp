@@ -612,8 +612,13 @@ class cuda_host_device {
   event_type create_event() { return gpu_.create_event(); }
   /// cuda_device::destroy_event. Thread-safe. Throws cuda_error.
   void destroy_event(event_type event) { gpu_.destroy_event(event); }
-  /// cuda_device::record_event. Thread-safe. Throws cuda_error.
+  /// cuda_device::record_event (on the stream's device). Thread-safe. Throws cuda_error.
   void record_event(event_type event, stream_type stream) { gpu_.record_event(event, stream); }
+  /// cuda_device::stream_device: the GPU a stream belongs to. Thread-safe. Throws cuda_error.
+  int stream_device(stream_type stream) const { return gpu_.stream_device(stream); }
+  /// cuda_device::create_event_for: an event of the stream's GPU (pinned memory is copied to
+  /// several GPUs). Thread-safe. Throws cuda_error.
+  event_type create_event_for(stream_type stream) { return gpu_.create_event_for(stream); }
   /// cuda_device::query_event. Thread-safe. Throws cuda_error.
   bool query_event(event_type event) { return gpu_.query_event(event); }
   /// cuda_device::synchronize_event. Thread-safe. Throws cuda_error.

@@ -165,7 +165,7 @@ class pinned_pool {
         }
       }
     }
-    for (event_type e : free_events_) {
+    for (const auto& [device, e] : free_events_) {
       try {
         device_.destroy_event(e);
       } catch (...) {
@@ -419,6 +419,7 @@ class pinned_pool {
   struct pending_event {
     event_type event;
     block* owner;
+    int device;  // the event's device: its stream's
   };
 
   static constexpr std::size_t num_size_classes = sizeof(std::size_t) * 8;
@@ -544,16 +545,36 @@ class pinned_pool {
         "gpumem pinned pool: {}({}): not memory allocated by this pinned pool", call, ptr));
   }
 
-  event_type take_event() {
-    if (free_events_.empty()) return device_.create_event();
-    const event_type e = free_events_.back();
-    free_events_.pop_back();
-    return e;
+  // The device an event recorded on `s` must belong to: the stream's (pinned memory is typically
+  // copied to several GPUs), or the host device's GPU when it cannot tell.
+  int event_device(stream_type s) const {
+    if constexpr (detail::has_stream_device_v<HostDevice>) {
+      return device_.stream_device(s);
+    } else {
+      (void)s;
+      return 0;
+    }
   }
 
-  void give_back_event(event_type e) noexcept {
+  event_type take_event(stream_type s, int device) {
+    for (std::size_t i = free_events_.size(); i-- > 0;) {
+      if (free_events_[i].first == device) {
+        const event_type e = free_events_[i].second;
+        free_events_.erase(free_events_.begin() + static_cast<std::ptrdiff_t>(i));
+        return e;
+      }
+    }
+    if constexpr (detail::has_stream_device_v<HostDevice>) {
+      return device_.create_event_for(s);
+    } else {
+      (void)s;
+      return device_.create_event();
+    }
+  }
+
+  void give_back_event(int device, event_type e) noexcept {
     try {
-      free_events_.push_back(e);
+      free_events_.emplace_back(device, e);
     } catch (...) {
       try {
         device_.destroy_event(e);
@@ -575,29 +596,35 @@ class pinned_pool {
   // Records one event per recorded stream and makes the block pending. All or nothing: on any
   // failure the events are taken back and the block stays allocated with its streams.
   void insert_events(block& b) {
-    std::vector<std::pair<std::size_t, event_type>> made;  // (queue index, event)
+    struct made_event {
+      std::size_t queue;
+      event_type event;
+      int device;
+    };
+    std::vector<made_event> made;
     made.reserve(b.streams.size());
     std::size_t queued = 0;
     try {
       for (stream_type s : b.streams) {
         const std::size_t queue = queue_index(s);
-        const event_type e = take_event();
+        const int device = event_device(s);
+        const event_type e = take_event(s, device);
         try {
           device_.record_event(e, s);
         } catch (...) {
-          give_back_event(e);
+          give_back_event(device, e);
           throw;
         }
-        made.emplace_back(queue, e);
+        made.push_back(made_event{queue, e, device});
       }
-      for (const auto& [queue, e] : made) {
-        pending_[queue].second.push_back(pending_event{e, &b});
+      for (const made_event& m : made) {
+        pending_[m.queue].second.push_back(pending_event{m.event, &b, m.device});
         ++queued;
       }
     } catch (...) {
       // Each stream appears once in b.streams, so each queue got at most one event, at its back.
-      for (std::size_t i = 0; i < queued; ++i) pending_[made[i].first].second.pop_back();
-      for (const auto& entry : made) give_back_event(entry.second);
+      for (std::size_t i = 0; i < queued; ++i) pending_[made[i].queue].second.pop_back();
+      for (const made_event& m : made) give_back_event(m.device, m.event);
       drop_empty_queues();
       throw;
     }
@@ -622,7 +649,7 @@ class pinned_pool {
           const pending_event pe = queue.front();
           if (!device_.query_event(pe.event)) break;
           queue.pop_front();
-          give_back_event(pe.event);
+          give_back_event(pe.device, pe.event);
           if (--pe.owner->event_count == 0) make_cached(*pe.owner);
         }
       }
@@ -884,7 +911,7 @@ class pinned_pool {
   std::map<std::uintptr_t, std::unique_ptr<block>> blocks_;  // every block, by address
   std::array<block*, num_size_classes> free_lists_{};        // cached blocks, LIFO per size
   std::vector<std::pair<stream_type, std::deque<pending_event>>> pending_;
-  std::vector<event_type> free_events_;  // completed events, reused
+  std::vector<std::pair<int, event_type>> free_events_;  // completed (device, event)s, reused
   host_stats stats_;
   std::int64_t num_alloc_retries_ = 0;
   std::int64_t num_ooms_ = 0;

@@ -220,6 +220,7 @@ struct device_state {
   // torch.cuda.use_mem_pool contexts allocate into the innermost pool.
   std::vector<private_pool*> active;
   std::atomic<int> allocating_to_pools{0};  // active.size(), read without the lock
+  std::vector<int> peers;                   // devices given access (enablePeerAccess)
 };
 
 }  // namespace detail
@@ -269,10 +270,11 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
 
   /// torch.cuda.empty_cache(): with the default id, returns the cache of every GPU's default
   /// pool and of every dead private pool (see releasePool) to the device, and forgets the dead
-  /// pools left empty; live private pools keep their cache, as in PyTorch. Throws gpumem's
-  /// cuda_error on device failure. With a private pool's id (MemPool's destructor calls it):
-  /// returns that pool's cache, and forgets the pool if it is dead and empty; never throws, a
-  /// failure is reported on stderr.
+  /// pools left empty; live private pools keep their cache, as in PyTorch. On a GPU where a
+  /// CUDA graph is being captured (or a pool allocated to) it does nothing, as PyTorch leaves its
+  /// default pool alone then. Throws gpumem's cuda_error on device failure. With a private pool's
+  /// id (MemPool's destructor calls it): returns that pool's cache, and forgets the pool if it is
+  /// dead and empty; never throws, a failure is reported on stderr.
   void emptyCache(mempool_id id = {0, 0}) override {
     if (!is_default(id)) {
       detail::reporting_failure("emptyCache of a private pool", [&] { empty_pool_cache(id); });
@@ -281,6 +283,10 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     for (std::size_t d = 0; d < devices_.size(); ++d) {
       detail::device_state& s = *devices_[d];
       if (!s.main) continue;
+      // During a capture (or a use_mem_pool) nothing is emptied: PyTorch skips its default pool
+      // then (it would synchronise and free memory the capture may use); gpumem skips the dead
+      // pools too, whose cudaFree or unmap would break a capture in global mode.
+      if (s.allocating_to_pools.load(std::memory_order_acquire) > 0) continue;
       s.main->empty_cache();
       std::lock_guard<std::mutex> lock(s.pools_mutex);
       release_dead_pools(s);
@@ -292,6 +298,16 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     if (ptr.get() == nullptr || ptr.get_deleter() != &detail::raw_delete) return;
     device_allocator& a = owner_of(ptr.get(), ptr.device().index());
     a.record_stream(ptr.get(), stream.stream());
+  }
+
+  /// record_stream of a raw pointer from raw_alloc (what the CUDAPluggableAllocator route's
+  /// record-stream function gets): `ptr`'s memory is reused only after the work queued on
+  /// `stream` before its free. `stream` may belong to another GPU. Throws c10::Error for a pointer
+  /// gpumem does not own.
+  void record_stream_raw(void* ptr, cudaStream_t stream) {
+    TORCH_CHECK(ptr != nullptr, "gpumem: record_stream of a null pointer");
+    device_allocator& a = owner_of(ptr, devices_.size() == 1 ? 0 : c10::cuda::current_device());
+    a.record_stream(ptr, stream);
   }
 
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
@@ -354,10 +370,14 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     return state(device).main->memory_fraction();
   }
 
+  /// The cap counts the private pools' memory with the default pool's, as PyTorch does.
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
     TORCH_CHECK(fraction >= 0.0 && fraction <= 1.0, "gpumem: invalid fraction ", fraction,
                 ": it must be between 0 and 1");
-    state(device).main->set_memory_fraction(fraction);
+    detail::device_state& s = state(device);
+    std::lock_guard<std::mutex> lock(s.pools_mutex);
+    s.main->set_memory_fraction(fraction);
+    for (auto& p : s.pools) p->allocator->set_memory_fraction(fraction);
   }
 
 #if GPUMEM_TORCH_AT_LEAST(2, 10)
@@ -436,11 +456,16 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
       p = &make_pool(s, id);
     } else {
       ++p->use_count;
+      p->allocator->set_memory_fixed(true);
     }
     p->fresh = false;
     p->filter = std::move(filter);
     s.active.push_back(p);
     s.allocating_to_pools.store(static_cast<int>(s.active.size()), std::memory_order_release);
+    // PyTorch's captures_underway: every allocator of the device stops querying events, defers
+    // the frees of blocks used on other streams, and frees or unmaps nothing until the end.
+    s.main->begin_capture();
+    for (auto& q : s.pools) q->allocator->begin_capture();
   }
 
   /// Ends beginAllocateToPool(device, id, ...) (the use it added stays until releasePool). Throws
@@ -454,6 +479,8 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     p->filter = nullptr;
     s.active.erase(std::find(s.active.begin(), s.active.end(), p));
     s.allocating_to_pools.store(static_cast<int>(s.active.size()), std::memory_order_release);
+    s.main->end_capture();
+    for (auto& q : s.pools) q->allocator->end_capture();
   }
 
   /// Drops one use of pool `id` (MemPool's destructor, CUDAGraph::reset, the end of
@@ -469,7 +496,8 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
       detail::private_pool* p = find_pool(s, id);
       TORCH_CHECK(p != nullptr && p->use_count > 0, "pool (", id.first, ", ", id.second,
                   ") is not in use (unknown, or already released)");
-      --p->use_count;
+      // A dead pool's memory may go back to the device once nothing uses it (release_dead_pools).
+      if (--p->use_count == 0 && !p->filter) p->allocator->set_memory_fixed(false);
     });
   }
 
@@ -612,20 +640,37 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   }
 #endif
 
+  /// `dev` may access `dev_to_access`'s memory: peer access for its cudaMalloc segments, and
+  /// (PyTorch's addPeerAccess) cuMemSetAccess for every VMM page of every allocator of
+  /// `dev_to_access`, mapped now or later, which peer access does not cover.
   void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override {
-    gpumem::detail::cuda_device_guard guard(dev);
-    const cudaError_t status = cudaDeviceEnablePeerAccess(dev_to_access, 0);
-    if (status == cudaErrorPeerAccessAlreadyEnabled) {
-      (void)cudaGetLastError();
-      return;
+    {
+      gpumem::detail::cuda_device_guard guard(dev);
+      const cudaError_t status = cudaDeviceEnablePeerAccess(dev_to_access, 0);
+      if (status == cudaErrorPeerAccessAlreadyEnabled) {
+        (void)cudaGetLastError();
+      } else {
+        C10_CUDA_CHECK(status);
+      }
     }
-    C10_CUDA_CHECK(status);
+    detail::device_state& s = state(dev_to_access);
+    std::lock_guard<std::mutex> lock(s.pools_mutex);
+    if (std::find(s.peers.begin(), s.peers.end(), dev) != s.peers.end()) return;
+    try {
+      s.main->add_peer_access(dev);
+      for (auto& p : s.pools) p->allocator->add_peer_access(dev);
+    } catch (const cuda_error& e) {
+      TORCH_CHECK(false, e.what());
+    }
+    s.peers.push_back(dev);
   }
 
   cudaError_t memcpyAsync(void* dst, int dstDevice, const void* src, int srcDevice, size_t count,
                           cudaStream_t stream, bool p2p_enabled) override {
     // Pages mapped by the VMM policies are accessible from their own GPU only: across GPUs they
     // go through cudaMemcpyPeerAsync, which works with or without peer access.
+    // (enablePeerAccess grants peers the VMM pages too, but a copy engine path through
+    // cudaMemcpyPeerAsync is correct either way.)
     const bool vmm = config_.effective_policy(true) != allocator_policy::classic;
     if (dstDevice == srcDevice || (p2p_enabled && !vmm)) {
       return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
@@ -699,10 +744,20 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     return nullptr;
   }
 
+  // A pool's allocator: its memory fixed while the pool is in use (a captured graph keeps using
+  // its addresses), counted with the device's against the memory fraction, granted to the
+  // device's peers, and in every capture under way on the device.
   detail::private_pool& make_pool(detail::device_state& s, const mempool_id& id) {
     auto p = std::make_unique<detail::private_pool>();
     p->id = id;
     p->allocator = make_allocator(s, id);
+    device_allocator& a = *p->allocator;
+    a.set_memory_fixed(true);
+    a.share_memory_limit_with(*s.main);
+    const double fraction = s.main->memory_fraction();
+    if (fraction < 1.0) a.set_memory_fraction(fraction);
+    for (int peer : s.peers) a.add_peer_access(peer);
+    for (std::size_t i = 0; i < s.active.size(); ++i) a.begin_capture();
     s.pools.push_back(std::move(p));
     return *s.pools.back();
   }
@@ -724,6 +779,7 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     if (detail::private_pool* p = find_pool(s, id)) {
       ++p->use_count;
       p->fresh = false;
+      p->allocator->set_memory_fixed(true);
     } else {
       make_pool(s, id);
     }
@@ -926,8 +982,13 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   bool release_dead_pools_after_oom(detail::device_state& s) noexcept {
     if (s.allocating_to_pools.load(std::memory_order_acquire) > 0) return false;
     try {
+      // A live private pool's miss cannot free its own memory: the default pool's cache goes
+      // too, as PyTorch's retry frees it for any pool.
+      const std::size_t before = s.main->usage().reserved;
+      s.main->empty_cache();
+      const bool main_released = s.main->usage().reserved < before;
       std::lock_guard<std::mutex> lock(s.pools_mutex);
-      return release_dead_pools(s);
+      return release_dead_pools(s) || main_released;
     } catch (...) {
       return false;  // the out-of-memory error stands
     }
@@ -939,9 +1000,18 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
       std::lock_guard<std::mutex> lock(observers_mutex_);
       observers = oom_observers_;
     }
+    // PyTorch's arguments: the device, the size asked of the device (the segment or pages the
+    // miss needed), the memory allowed (the fraction's cap when one is set, else the device's
+    // total) and the device's free memory.
+    (void)nbytes;
     const auto& d = e.info();
+    const double fraction = state(device).main->memory_fraction();
+    const std::size_t allowed =
+        fraction < 1.0
+            ? static_cast<std::size_t>(fraction * static_cast<double>(d.device_total_bytes))
+            : d.device_total_bytes;
     for (const auto& observer : observers) {
-      observer(device, nbytes, d.device_total_bytes, d.device_free_bytes);
+      observer(device, d.device_request_bytes, allowed, d.device_free_bytes);
     }
   }
 

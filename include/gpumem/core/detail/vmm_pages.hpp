@@ -31,6 +31,7 @@
 #include <fmt/format.h>
 
 #include "gpumem/core/detail/block.hpp"
+#include "gpumem/device/device.hpp"
 #include "gpumem/error.hpp"
 
 namespace gpumem::detail {
@@ -159,6 +160,9 @@ class vmm_pages {
                     static_cast<handle_type>(pages_[ids[mapped]].handle));
       }
       device_.set_access(s.ptr + first * page, n * page);
+      if constexpr (has_grant_access_v<Device>) {
+        for (int peer : peers_) device_.grant_access(s.ptr + first * page, n * page, peer);
+      }
     } catch (...) {
       if (mapped > 0) device_.unmap(s.ptr + first * page, mapped * page);
       throw;
@@ -273,6 +277,31 @@ class vmm_pages {
     }
   }
 
+  /// Whether a block of `s` on `stream` using positions [first, last) would make `stream` wait on
+  /// the GPU for another stream (hold): a free shared page last used on another stream.
+  bool would_order(const segment_type& s, std::size_t first, std::size_t last,
+                   stream_type stream) const noexcept {
+    for (std::size_t i = first; i < last; ++i) {
+      const physical_page<stream_type>& p = pages_[s.pages[i]];
+      if (p.mappings.size() >= 2 && p.holds == 0 && !(p.last_stream == stream)) return true;
+    }
+    return false;
+  }
+
+  /// Whether mapping page `id` (mapped elsewhere, free) in a range of `stream` would make that
+  /// stream wait for another one when it uses the page.
+  bool would_order(page_id id, stream_type stream) const noexcept {
+    const physical_page<stream_type>& p = pages_[id];
+    if (p.mappings.size() >= 2) return p.holds == 0 && !(p.last_stream == stream);
+    return !(p.mappings.front().seg->stream == stream);
+  }
+
+  /// The devices granted access to every page besides the allocator's own (add_peer_access).
+  bool has_peer(int device) const noexcept {
+    return std::find(peers_.begin(), peers_.end(), device) != peers_.end();
+  }
+  void add_peer(int device) { peers_.push_back(device); }
+
   /// Makes the host wait for the work queued so far on each of `streams` (each at most once), as
   /// cuMemUnmap requires and does not do itself.
   void order_before_unmap(const std::vector<stream_type>& streams) {
@@ -364,6 +393,7 @@ class vmm_pages {
   std::size_t live_large_bytes_ = 0;
   std::vector<event_type> events_;  // one event, reused: each use is consumed at once
   std::vector<stream_type> waits_;  // hold()'s scratch list
+  std::vector<int> peers_;          // devices granted access besides the owner (add_peer)
 };
 
 }  // namespace gpumem::detail
