@@ -106,6 +106,7 @@ std::string first_violation(const allocation_trace& t, bool strict = true) {
         break;
       case trace_event_kind::segment_alloc:
       case trace_event_kind::segment_free:
+      case trace_event_kind::empty_cache:
         break;
     }
   }
