@@ -1,5 +1,5 @@
-// PyTorch memory snapshots: the real recordings in ../shared/traces read back to the figures their
-// PROVENANCE gives (event counts, PyTorch's peak reserved and requested), the traces obey
+// PyTorch memory snapshots: the real recordings in examples/traces/real read back to the figures
+// their README gives (event counts, PyTorch's peak reserved and requested), the traces obey
 // docs/trace_format.md's validity rules, gpumem's export reads back unchanged (and loads in
 // Python), and malformed snapshots are trace_errors that say where.
 #include "gpumem/trace/pytorch_snapshot.hpp"
@@ -43,14 +43,14 @@ using dict = pickle_value::dict_items;
 using seq = pickle_value::sequence;
 namespace fs = std::filesystem;
 
-// --- Where the real traces are ------------------------------------------------------------------
+// --- Where the real traces are (examples/traces/real; GPUMEM_SHARED_TRACES first) ------------------------------------------------------------------
 
 std::optional<std::string> real_trace(const std::string& name) {
   std::vector<fs::path> dirs;
   if (const char* env = std::getenv("GPUMEM_SHARED_TRACES"); env != nullptr && *env != '\0') {
     dirs.emplace_back(env);
   }
-  dirs.push_back(fs::path(__FILE__).parent_path() / ".." / ".." / "shared" / "traces");
+  dirs.emplace_back(GPUMEM_REAL_TRACES);
   for (const fs::path& dir : dirs) {
     std::error_code ec;
     if (fs::is_regular_file(dir / name, ec)) return (dir / name).string();
@@ -61,7 +61,7 @@ std::optional<std::string> real_trace(const std::string& name) {
 #define GPUMEM_REAL_TRACE(var, name)                                                             \
   const std::optional<std::string> var##_found = real_trace(name);                               \
   if (!var##_found) {                                                                            \
-    GTEST_SKIP() << name << " not found (set GPUMEM_SHARED_TRACES to the shared/traces folder)"; \
+    GTEST_FAIL() << name << " not found in examples/traces/real (or GPUMEM_SHARED_TRACES)";     \
   }                                                                                              \
   const std::string& var = *var##_found
 
@@ -329,7 +329,7 @@ TEST(RealSnapshot, ExportReadsBackUnchanged) {
                            "opt-inference-oom-state.pickle"}) {
     SCOPED_TRACE(name);
     const std::optional<std::string> path = real_trace(name);
-    if (!path) GTEST_SKIP() << name << " not found (set GPUMEM_SHARED_TRACES)";
+    if (!path) GTEST_FAIL() << name << " not found in examples/traces/real";
     const allocation_trace original = gpumem::read_pytorch_snapshot(*path);
     const auto segments = segments_of(gpumem::detail::unpickle(read_file(*path)));
     const allocation_trace back = read_bytes(export_bytes(segments, original));

@@ -235,23 +235,20 @@ run 0 "$work/huge.trace" --device-memory 2TiB --find-min-memory --config policy:
 expect_in "$out" "result:  completed" "1.5 TiB on a 2 TiB device"
 expect_in "$out" "minimum: completes on 1.50 TiB" "--find-min-memory beyond 1 TiB"
 
-# --- real PyTorch snapshots, when the shared folder is there --------------------------------------
-shared=${GPUMEM_SHARED_TRACES:-$source_dir/../shared/traces}
-if [[ -f $shared/transformer-forward-bf16.pickle ]]; then
-  run 0 "$shared/transformer-forward-bf16.pickle" --compare policy:classic policy:stitch
-  expect_in "$out" "pytorch-snapshot, 2948 events, 1074 allocations" "snapshot header"
-  expect_in "$out" "137 blocks were live before recording began" "initial state"
-  expect_in "$out" "recorded: the recording allocator reserved" "recorded reference"
-  run 0 "$shared/transformer-forward-bf16.pickle" --convert "$work/tf.trace"
-  run 0 "$work/tf.trace" --json --config policy:classic
-  from_native=$(grep -oE '"peak_reserved_bytes": [0-9]+' <<<"$out")
-  run 0 "$shared/transformer-forward-bf16.pickle" --json --config policy:classic
-  from_pickle=$(grep -oE '"peak_reserved_bytes": [0-9]+' <<<"$out")
-  [[ -n $from_pickle && $from_native == "$from_pickle" ]] ||
-    fail "converted trace replays differently: $from_native vs $from_pickle"
-else
-  echo "note: $shared not found: the PyTorch snapshot checks were skipped"
-fi
+# --- real PyTorch snapshots (examples/traces/real) ------------------------------------------------
+shared=${GPUMEM_SHARED_TRACES:-$source_dir/examples/traces/real}
+[[ -f $shared/transformer-forward-bf16.pickle ]] || fail "$shared/transformer-forward-bf16.pickle not found"
+run 0 "$shared/transformer-forward-bf16.pickle" --compare policy:classic policy:stitch
+expect_in "$out" "pytorch-snapshot, 2948 events, 1074 allocations" "snapshot header"
+expect_in "$out" "137 blocks were live before recording began" "initial state"
+expect_in "$out" "recorded: the recording allocator reserved" "recorded reference"
+run 0 "$shared/transformer-forward-bf16.pickle" --convert "$work/tf.trace"
+run 0 "$work/tf.trace" --json --config policy:classic
+from_native=$(grep -oE '"peak_reserved_bytes": [0-9]+' <<<"$out")
+run 0 "$shared/transformer-forward-bf16.pickle" --json --config policy:classic
+from_pickle=$(grep -oE '"peak_reserved_bytes": [0-9]+' <<<"$out")
+[[ -n $from_pickle && $from_native == "$from_pickle" ]] ||
+  fail "converted trace replays differently: $from_native vs $from_pickle"
 
 if ((failures > 0)); then
   echo "$failures check(s) failed" >&2
