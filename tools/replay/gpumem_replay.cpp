@@ -732,7 +732,7 @@ void export_snapshot(const options& o, const config_run& run, const gpumem::comp
   if (!out) {
     throw std::system_error(errno, std::generic_category(), "cannot write '" + o.export_path + "'");
   }
-  gpumem::write_pytorch_snapshot(out, r.segments, r.history);
+  gpumem::write_pytorch_snapshot(out, r.segments, r.snapshot_trace, r.history.recorded_config);
   out.close();
   if (!out) {
     throw std::system_error(errno, std::generic_category(), "cannot write '" + o.export_path + "'");
