@@ -11,8 +11,12 @@
 //
 // Mapping: alloc, free_requested, free_completed, segment_alloc and segment_free keep their
 // names; segment_map / segment_unmap (expandable segments) become segment_alloc / segment_free;
-// oom and snapshot markers are dropped. Both the old schema (blocks without 'address', 'history'
-// instead of 'frames') and the current one are read. Frames (stack traces) are not kept.
+// snapshot markers are dropped. The first oom event becomes the request that failed, at its place:
+// an alloc of the requested size at address 0 followed by its free (recorded_oom_event is its
+// index), so that a replay tries it; device_memory is then what the allocator could have had,
+// PyTorch's reserved memory at that moment plus the device's free memory ('device_free'). Both the
+// old schema (blocks without 'address', 'history' instead of 'frames') and the current one are
+// read. Frames (stack traces) are not kept.
 //
 // Writing goes the other way: gpumem's segments (caching_allocator::snapshot()) and a history
 // become a snapshot with PyTorch's keys that pytorch.org/memory_viz and torch.cuda._memory_viz
@@ -28,6 +32,7 @@
 #include <cstdint>
 #include <istream>
 #include <limits>
+#include <optional>
 #include <ostream>
 #include <stdexcept>
 #include <string>
@@ -271,6 +276,15 @@ inline allocation_trace pytorch_snapshot_trace(const pickle_value& root, int dev
   };
   std::vector<recorded> history;
   if (events != nullptr) history.reserve(events->size());
+  // The first out-of-memory: where it happened in `history`, the request, the device's free bytes.
+  struct recorded_oom {
+    std::size_t at = 0;
+    std::uint64_t size = 0;
+    std::uint64_t stream = 0;
+    std::int64_t time_us = no_time;
+    std::optional<std::uint64_t> device_free;
+  };
+  std::optional<recorded_oom> oom;
   for (std::size_t ei = 0; events != nullptr && ei < events->size(); ++ei) {
     const pickle_value& e = (*events)[ei];
     const place at{place::what::event, ei, 0, e.offset()};
@@ -281,6 +295,7 @@ inline allocation_trace pytorch_snapshot_trace(const pickle_value& root, int dev
     const pickle_value* size_v = nullptr;
     const pickle_value* stream_v = nullptr;
     const pickle_value* time_v = nullptr;
+    const pickle_value* free_v = nullptr;
     for (const auto& [k, x] : e.as_dict()) {
       if (!k.is_str()) continue;
       const std::string_view key = k.as_str();
@@ -294,6 +309,8 @@ inline allocation_trace pytorch_snapshot_trace(const pickle_value& root, int dev
         stream_v = &x;
       } else if (key == std::string_view("time_us")) {
         time_v = &x;
+      } else if (key == std::string_view("device_free")) {
+        free_v = &x;
       }
     }
     if (action_v == nullptr) snapshot_fail(at, "no 'action'");
@@ -309,7 +326,21 @@ inline allocation_trace pytorch_snapshot_trace(const pickle_value& root, int dev
       ev.kind = trace_event_kind::segment_alloc;
     } else if (action == "segment_free" || action == "segment_unmap") {
       ev.kind = trace_event_kind::segment_free;
-    } else if (action == "oom" || action == "snapshot") {
+    } else if (action == "oom") {
+      if (!oom && size_v != nullptr && size_v->is_int() && size_v->as_int() > 0) {
+        recorded_oom o;
+        o.at = history.size();
+        o.size = snapshot_unsigned(*size_v, "size", at);
+        if (stream_v != nullptr)
+          o.stream = static_cast<std::uint64_t>(snapshot_int(*stream_v, "stream", at));
+        if (time_v != nullptr && time_v->is_int() && time_v->as_int() >= 0) {
+          o.time_us = time_v->as_int();
+        }
+        if (free_v != nullptr) o.device_free = snapshot_unsigned(*free_v, "device_free", at);
+        oom = o;
+      }
+      continue;
+    } else if (action == "snapshot") {
       continue;
     } else {
       snapshot_fail(at, fmt::format("unknown action '{}'", action));
@@ -421,7 +452,28 @@ inline allocation_trace pytorch_snapshot_trace(const pickle_value& root, int dev
           trace_event{trace_event_kind::free_requested, address, b.size, b.stream, no_time});
     }
   }
-  for (const recorded& r : history) trace.events.push_back(r.event);
+  // The request that failed, where it failed (address 0 is never a block's), then its free: a
+  // replay tries it there. What the allocator could have had: its reserved memory then (after the
+  // segments its out-of-memory path freed) and what the device had free.
+  std::uint64_t reserved_then = reserved;
+  for (std::size_t k = 0; k <= history.size(); ++k) {
+    if (oom && oom->at == k) {
+      trace.recorded_oom_event = trace.events.size();
+      trace.events.push_back(
+          trace_event{trace_event_kind::alloc, 0, oom->size, oom->stream, oom->time_us});
+      trace.events.push_back(
+          trace_event{trace_event_kind::free_requested, 0, oom->size, oom->stream, oom->time_us});
+      trace.events.push_back(
+          trace_event{trace_event_kind::free_completed, 0, oom->size, oom->stream, oom->time_us});
+      if (oom->device_free) trace.device_memory = reserved_then + *oom->device_free;
+    }
+    if (k == history.size()) break;
+    const trace_event& ev = history[k].event;
+    if (ev.kind == trace_event_kind::segment_alloc) reserved_then += ev.size;
+    if (ev.kind == trace_event_kind::segment_free)
+      reserved_then -= std::min(reserved_then, ev.size);
+    trace.events.push_back(ev);
+  }
 
   trace.source = "pytorch-snapshot";
   if (const pickle_value* settings = root.find("allocator_settings")) {
