@@ -80,8 +80,8 @@ run 2 "$work/survivor.trace" --config "policy:sometimes"
 expect_in "$err" "bad configuration \"policy:sometimes\"" "bad config"
 run 2 "$work/survivor.trace" --config policy:classic --compare policy:stitch
 expect_in "$err" "one --config, or --compare" "--config with --compare"
-run 2 "$work/survivor.trace" "$work/survivor.trace"
-expect_in "$err" "one trace at a time" "two traces"
+run 0 "$work/survivor.trace" "$work/survivor.trace"
+expect_in "$out" "=== 2 traces ===" "two traces"
 run 2 "$work/survivor.trace" --progress sometimes
 expect_in "$err" "auto, always or never" "bad --progress"
 run 2 "$work/survivor.trace" --allocator jemalloc
@@ -338,6 +338,54 @@ run 0 "$work/oom.pickle" --device-memory 8GiB
 expect_in "$out" "result:  completed" "8 GiB: completes"
 expect_in "$err" "warning: the recording ran out of memory at event 3492, but \"recorded\" completes on 8 GiB" \
   "warning when a recorded OOM is not reproduced"
+# Multi-device snapshots: the header says which devices hold data; --snapshot-device N|all.
+python3 - "$shared/transformer-forward-bf16.pickle" "$work/oom.pickle" "$work/two.pickle" <<'PY' ||
+import pickle, sys
+a = pickle.load(open(sys.argv[1], "rb"))
+b = pickle.load(open(sys.argv[2], "rb"))
+for s in b["segments"]:
+    s["device"] = 1
+a["segments"] += b["segments"]
+a["device_traces"] = [a["device_traces"][0], b["device_traces"][0]]
+pickle.dump(a, open(sys.argv[3], "wb"))
+PY
+  fail "building a two-device snapshot"
+run 0 "$work/two.pickle"
+expect_in "$out" "devices with data: 0, 1; this is device 0 \(--snapshot-device N or all" "devices listed"
+run 0 "$work/two.pickle" --snapshot-device 1
+expect_in "$out" "this is device 1" "--snapshot-device 1"
+expect_in "$out" "OUT OF MEMORY at event 3492" "device 1 is the out-of-memory run"
+run 1 "$work/two.pickle" --snapshot-device 2
+expect_in "$err" "device 2 has neither segments nor trace events \(devices with data: 0, 1; see --snapshot-device\)" \
+  "a device without data names those with data"
+run 2 "$work/two.pickle" --snapshot-device some
+expect_in "$err" "--snapshot-device needs a device number or all" "--snapshot-device bad value"
+run 0 "$work/two.pickle" --snapshot-device all --device-memory 3GiB --config policy:classic
+expect_in "$out" "=== $work/two.pickle, device 0 ===" "all: device 0"
+expect_in "$out" "=== $work/two.pickle, device 1 ===" "all: device 1"
+expect_in "$out" "=== 2 traces ===" "all: the summary"
+expect_in "$out" "two.pickle device 1 +policy:classic +OOM at event 3492" "all: device 1's row"
+expect_in "$out" "worst for \"policy:classic\": $work/two.pickle device 1 \(out of memory at event 3492\)" \
+  "all: the worst device"
+run 0 "$work/two.pickle" --snapshot-device all --json
+[[ $(grep -c '"snapshot_device": [01]' <<<"$out") == 2 ]] || fail "all --json: one record per device"
+python3 -c 'import json,sys; json.loads(sys.stdin.read())' <<<"$out" || fail "all --json is one JSON array"
+# Several traces at once (one per rank): one replay each, then the table and the worst.
+run 0 "$source_dir/examples/traces/resnet50-b32.trace" \
+  "$source_dir/examples/traces/gpt2-small-b4-s512-ckpt.trace" --device-memory 3GiB --config policy:classic
+expect_in "$out" "=== 2 traces ===" "several traces: the summary"
+expect_in "$out" "worst for \"policy:classic\": .*gpt2-small-b4-s512-ckpt.trace \(out of memory at event 3410\)" \
+  "several traces: the worst one"
+run 0 "$source_dir/examples/traces/resnet50-b32.trace" "$work/survivor.trace" --json --config policy:stitch
+[[ $(grep -c '"config": "policy:stitch"' <<<"$out") == 2 ]] || fail "several --json: one record each"
+run 1 "$work/survivor.trace" "$work/missing.trace" --device-memory 1GiB
+expect_in "$out" "=== 2 traces ===" "a missing trace does not stop the others"
+expect_in "$out" "\(1 could not be replayed" "the missing one counted"
+expect_in "$err" "missing.trace" "the missing trace is named"
+run 2 "$work/survivor.trace" "$work/survivor.trace" --plot "$work/p.svg"
+expect_in "$err" "--plot writes one trace's file" "--plot with several traces"
+run 2 "$work/survivor.trace" - --config policy:stitch
+expect_in "$err" "standard input \(-\) is read alone" "stdin with several traces"
 run 0 "$shared/transformer-forward-bf16.pickle" --convert "$work/tf.trace"
 run 0 "$work/tf.trace" --json --config policy:classic
 from_native=$(grep -oE '"peak_reserved_bytes": [0-9]+' <<<"$out")

@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <optional>
@@ -26,6 +27,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -65,8 +67,16 @@ constexpr std::string_view enable_pytorch =
 
 enum class progress_mode { automatic, always, never };
 
+struct config_run;
+
 struct options {
-  std::string trace_path;
+  std::string trace_path;                // the one being replayed
+  std::vector<std::string> trace_paths;  // as given (several: one replay each, then a summary)
+  bool all_devices = false;              // --snapshot-device all
+  std::vector<int> devices_with_data;    // of a PyTorch snapshot, for the header
+  // Several inputs: run() hands its JSON objects and its runs back instead of printing them.
+  std::vector<std::string>* json_objects = nullptr;
+  std::vector<std::pair<std::string, std::vector<config_run>>>* collected = nullptr;
   std::string allocator = "gpumem";  // gpumem, pytorch or cub
   // The memory the allocator may use: --device-memory (or the recording's, or 80 GiB) minus
   // --overhead, once run() has read the trace.
@@ -97,13 +107,14 @@ struct options {
 
 void print_help() {
   std::printf(
-      "usage: gpumem-replay TRACE [options]\n"
+      "usage: gpumem-replay TRACE... [options]\n"
       "\n"
       "Replays an allocation trace on a simulated GPU under gpumem's caching allocator and tells\n"
       "whether it runs out of memory, where and why, and how much memory it holds. TRACE is a\n"
       "gpumem trace, a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot) or an RMM\n"
       "memory event log (logging_resource_adaptor CSV); the format is recognised by its content.\n"
-      "TRACE - reads it from standard input.\n"
+      "TRACE - reads it from standard input. Several traces (one per rank, say) are replayed\n"
+      "one after the other, then a table puts them side by side and names the worst.\n"
       "\n"
       "options:\n"
       "  --allocator gpumem|pytorch|cub\n"
@@ -153,7 +164,8 @@ void print_help() {
       "                          out-of-memory) and the replayed events, under the first\n"
       "                          configuration, as a PyTorch memory snapshot pickle: open it at\n"
       "                          https://pytorch.org/memory_viz\n"
-      "  --snapshot-device N     the device of a PyTorch snapshot to replay (default 0)\n"
+      "  --snapshot-device N|all the device of a PyTorch snapshot to replay (default 0; the\n"
+      "                          header says which devices hold data); all: each of them\n"
       "  --no-costs              charge no simulated time for device calls (default: typical\n"
       "                          figures for a datacenter GPU, see cost_model::typical)\n"
       "  --progress auto|always|never\n"
@@ -294,11 +306,15 @@ options parse_command_line(int argc, char** argv) {
       o.costs = false;
     } else if (arg == "--snapshot-device") {
       const std::string v = value();
-      if (v.empty() || v.size() > 4 || v.find_first_not_of("0123456789") != std::string::npos) {
-        usage_error(fmt::format("--snapshot-device needs a device number, got \"{}\"",
+      if (v == "all") {
+        o.all_devices = true;
+      } else if (v.empty() || v.size() > 4 ||
+                 v.find_first_not_of("0123456789") != std::string::npos) {
+        usage_error(fmt::format("--snapshot-device needs a device number or all, got \"{}\"",
                                 gpumem::detail::printable_excerpt(v)));
+      } else {
+        o.snapshot_device = std::stoi(v);
       }
-      o.snapshot_device = std::stoi(v);
     } else if (arg == "--progress") {
       const std::string v = value();
       if (v == "auto") {
@@ -313,15 +329,27 @@ options parse_command_line(int argc, char** argv) {
       }
     } else if (arg.rfind("-", 0) == 0 && arg != "-") {
       usage_error(fmt::format("unknown option {}", gpumem::detail::printable_excerpt(arg)));
-    } else if (o.trace_path.empty()) {
-      o.trace_path = arg;
     } else {
-      usage_error(fmt::format("one trace at a time: \"{}\" and \"{}\"",
-                              gpumem::detail::printable_excerpt(o.trace_path),
-                              gpumem::detail::printable_excerpt(arg)));
+      o.trace_paths.push_back(arg);
     }
   }
-  if (o.trace_path.empty()) usage_error("no trace given");
+  if (o.trace_paths.empty()) usage_error("no trace given");
+  o.trace_path = o.trace_paths.front();
+  if (o.trace_paths.size() > 1 || o.all_devices) {
+    for (const std::string& p : o.trace_paths) {
+      if (p == "-") usage_error("standard input (-) is read alone: give one trace");
+    }
+    const std::pair<const std::string*, const char*> single[] = {
+        {&o.plot_path, "--plot"},
+        {&o.export_path, "--export-snapshot"},
+        {&o.convert_path, "--convert"},
+        {&o.timeline_path, "--timeline"}};
+    for (const auto& [path, flag] : single) {
+      if (!path->empty()) {
+        usage_error(fmt::format("{} writes one trace's file: give one trace and one device", flag));
+      }
+    }
+  }
   if (o.trace_path == "-" && o.allocator != "gpumem") {
     usage_error(fmt::format("--allocator {} reads the trace from a file, not from standard input",
                             o.allocator));
@@ -477,6 +505,14 @@ void print_trace_header(const options& o, const gpumem::allocation_trace& t,
   if (t.initial_events != 0) {
     fmt::print("         {} blocks were live before recording began; they are allocated first\n",
                t.initial_events);
+  }
+  if (!o.devices_with_data.empty()) {
+    std::string list;
+    for (int d : o.devices_with_data) list += (list.empty() ? "" : ", ") + std::to_string(d);
+    fmt::print("         devices with data: {}; this is device {}{}\n", list, o.snapshot_device,
+               o.devices_with_data.size() > 1 && !o.all_devices
+                   ? " (--snapshot-device N or all for the others)"
+                   : "");
   }
   if (o.overhead != 0) {
     fmt::print("device:  simulated, {} for the allocator ({}{} minus {} of overhead)\n",
@@ -656,7 +692,7 @@ void print_table(const options& o, const std::vector<config_run>& runs,
 
 void print_json(const options& o, const std::vector<config_run>& runs,
                 const gpumem::compiled_trace& c, const gpumem::allocation_trace& t) {
-  fmt::print("[\n");
+  if (o.json_objects == nullptr) fmt::print("[\n");
   for (std::size_t i = 0; i < runs.size(); ++i) {
     const config_run& run = runs[i];
     const gpumem::replay_result& r = run.result;
@@ -672,6 +708,7 @@ void print_json(const options& o, const std::vector<config_run>& runs,
     field("allocator", json_string(o.allocator));
     field("policy", json_string(r.policy));
     field("trace", json_string(o.trace_path));
+    if (t.source == "pytorch-snapshot") field("snapshot_device", std::to_string(o.snapshot_device));
     field("device_memory_bytes", std::to_string(o.device_memory));
     field("completed", r.completed ? "true" : "false");
     field("oom_event_index", optional_number(r.oom_event_index));
@@ -732,9 +769,13 @@ void print_json(const options& o, const std::vector<config_run>& runs,
       if (obj.find("\"" + key + "\": ") == std::string::npos) field(key, value);
     }
     obj += "}";
-    fmt::print("{}{}\n", obj, i + 1 < runs.size() ? "," : "");
+    if (o.json_objects != nullptr) {
+      o.json_objects->push_back(std::move(obj));
+    } else {
+      fmt::print("{}{}\n", obj, i + 1 < runs.size() ? "," : "");
+    }
   }
-  fmt::print("]\n");
+  if (o.json_objects == nullptr) fmt::print("]\n");
 }
 
 gpumem::memory_curve curve_of(const config_run& run) {
@@ -1233,15 +1274,45 @@ void write_timeline(const options& o, const std::vector<config_run>& runs,
   }
 }
 
+/// The devices a PyTorch snapshot file holds data for; empty for other formats (or unreadable).
+std::vector<int> snapshot_devices(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char first = 0;
+  if (!in.get(first) || static_cast<unsigned char>(first) != 0x80) return {};  // not a pickle
+  std::string bytes(1, first);
+  bytes.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  try {
+    return gpumem::pytorch_snapshot_devices(bytes);
+  } catch (const std::exception&) {
+    return {};  // the reader says what is wrong
+  }
+}
+
 int run(options o) {
   const bool peer = o.allocator != "gpumem";
   const std::string peer_file = peer ? peer_path() : std::string();
   if (peer) check_peer(o, peer_file);
   const auto read_start = std::chrono::steady_clock::now();
   // "-" is standard input (replayed as many times as the flags ask: it is read once).
-  const gpumem::allocation_trace trace =
-      o.trace_path == "-" ? gpumem::read_trace(std::cin, "standard input", o.snapshot_device)
-                          : gpumem::read_trace(o.trace_path, o.snapshot_device);
+  if (o.trace_path != "-") {
+    o.devices_with_data = snapshot_devices(o.trace_path);
+  }
+  gpumem::allocation_trace trace;
+  try {
+    trace = o.trace_path == "-" ? gpumem::read_trace(std::cin, "standard input", o.snapshot_device)
+                                : gpumem::read_trace(o.trace_path, o.snapshot_device);
+  } catch (const gpumem::trace_error& e) {
+    if (o.devices_with_data.empty() ||
+        std::find(o.devices_with_data.begin(), o.devices_with_data.end(), o.snapshot_device) !=
+            o.devices_with_data.end()) {
+      throw;
+    }
+    std::string list;
+    for (int d : o.devices_with_data) list += (list.empty() ? "" : ", ") + std::to_string(d);
+    throw gpumem::trace_error(
+        fmt::format("{} (devices with data: {}; see --snapshot-device)", e.what(), list),
+        e.offset());
+  }
   if (!o.convert_path.empty()) {
     std::ofstream out(o.convert_path, std::ios::binary);
     if (!out)
@@ -1346,6 +1417,13 @@ int run(options o) {
   }
 
   if (!o.json && peer) print_trace_header(o, trace, compiled);
+  if (o.collected != nullptr) {
+    std::string label = o.trace_path;
+    if (trace.source == "pytorch-snapshot" && (o.all_devices || o.snapshot_device != 0)) {
+      label += fmt::format(" device {}", o.snapshot_device);
+    }
+    o.collected->emplace_back(std::move(label), runs);
+  }
   if (o.json) {
     print_json(o, runs, compiled, trace);
   } else if (runs.size() == 1 && !o.compare) {
@@ -1381,6 +1459,129 @@ int run(options o) {
     }
   }
   return 0;
+}
+
+/// Several inputs: a row per input and configuration, then the worst input per configuration (one
+/// that ran out of memory, else the highest minimum device, else the highest peak reserved).
+void print_summary(const options& o,
+                   const std::vector<std::pair<std::string, std::vector<config_run>>>& inputs,
+                   std::size_t given) {
+  std::vector<std::vector<std::string>> rows;
+  rows.push_back(
+      {"trace", "config", "result", "peak requested", "peak reserved", "reserved/requested"});
+  if (o.find_min_memory) rows.front().push_back("min device memory");
+  for (const auto& [label, runs] : inputs) {
+    for (const config_run& run : runs) {
+      const gpumem::replay_result& r = run.result;
+      std::vector<std::string> row = {
+          gpumem::detail::printable(label),
+          run.text.empty() ? "(default)" : gpumem::detail::printable(run.text),
+          r.completed ? "completed" : fmt::format("OOM at event {}", *r.oom_event_index),
+          bytes(r.peak_requested),
+          bytes(r.peak_reserved),
+          ratio(r.peak_reserved, r.peak_requested)};
+      if (o.find_min_memory) {
+        row.push_back(run.min_device_memory ? bytes(*run.min_device_memory)
+                                            : "> " + bytes(o.min_memory_limit));
+      }
+      rows.push_back(std::move(row));
+    }
+  }
+  std::vector<std::size_t> width(rows.front().size(), 0);
+  for (const auto& row : rows) {
+    for (std::size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
+  }
+  fmt::print("\n=== {} traces ===\n", given);
+  if (inputs.size() < given) {
+    fmt::print("({} could not be replayed: see the messages above)\n", given - inputs.size());
+  }
+  for (const auto& row : rows) {
+    std::string line;
+    for (std::size_t i = 0; i < row.size(); ++i) {
+      if (i != 0) line += "  ";
+      line +=
+          i < 3 ? fmt::format("{:<{}}", row[i], width[i]) : fmt::format("{:>{}}", row[i], width[i]);
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    fmt::print("{}\n", line);
+  }
+  // The worst input per configuration (configurations in the first input's order).
+  const std::size_t configs = inputs.empty() ? 0 : inputs.front().second.size();
+  for (std::size_t k = 0; k < configs; ++k) {
+    std::size_t worst = 0;
+    auto badness = [&](std::size_t i) {
+      const config_run& run = inputs[i].second[k];
+      const std::uint64_t min = run.min_searched ? run.min_device_memory.value_or(UINT64_MAX) : 0;
+      return std::make_tuple(!run.result.completed, min, run.result.peak_reserved);
+    };
+    for (std::size_t i = 1; i < inputs.size(); ++i) {
+      if (inputs[i].second.size() == configs && badness(i) > badness(worst)) worst = i;
+    }
+    const config_run& run = inputs[worst].second[k];
+    std::string why = run.result.completed
+                          ? fmt::format("peak reserved {}", bytes(run.result.peak_reserved))
+                          : fmt::format("out of memory at event {}", *run.result.oom_event_index);
+    if (run.min_searched && run.min_device_memory) {
+      why += fmt::format(", needs {}", bytes(*run.min_device_memory));
+    }
+    fmt::print("worst for \"{}\": {} ({})\n",
+               run.text.empty() ? "(default)" : gpumem::detail::printable(run.text),
+               gpumem::detail::printable(inputs[worst].first), why);
+  }
+}
+
+/// Every trace given, each device of each with --snapshot-device all: one run() each; with
+/// several, a summary (or one JSON array of every record).
+int run_all(const options& given) {
+  std::vector<std::pair<std::string, int>> inputs;
+  for (const std::string& path : given.trace_paths) {
+    if (!given.all_devices) {
+      inputs.emplace_back(path, given.snapshot_device);
+      continue;
+    }
+    const std::vector<int> devices = snapshot_devices(path);
+    if (devices.empty()) inputs.emplace_back(path, 0);  // not a snapshot: its one trace
+    for (int d : devices) inputs.emplace_back(path, d);
+  }
+  if (inputs.size() == 1) {
+    options o = given;
+    o.snapshot_device = inputs.front().second;
+    return run(o);
+  }
+  std::vector<std::string> json_objects;
+  std::vector<std::pair<std::string, std::vector<config_run>>> collected;
+  int status = 0;
+  for (const auto& [path, device] : inputs) {
+    options o = given;
+    o.trace_path = path;
+    o.snapshot_device = device;
+    o.json_objects = given.json ? &json_objects : nullptr;
+    o.collected = &collected;
+    if (!given.json) {
+      fmt::print("=== {}{} ===\n", gpumem::detail::printable(path),
+                 given.all_devices ? fmt::format(", device {}", device) : std::string());
+    }
+    try {
+      status = std::max(status, run(o));
+    } catch (const std::system_error& e) {
+      std::fprintf(stderr, "gpumem-replay: %s\n", gpumem::detail::printable(e.what()).c_str());
+      status = 1;
+    } catch (const gpumem::trace_error& e) {
+      std::fprintf(stderr, "gpumem-replay: %s\n", gpumem::detail::printable(e.what()).c_str());
+      status = 1;
+    }
+    if (!given.json) fmt::print("\n");
+  }
+  if (given.json) {
+    fmt::print("[\n");
+    for (std::size_t i = 0; i < json_objects.size(); ++i) {
+      fmt::print("{}{}\n", json_objects[i], i + 1 < json_objects.size() ? "," : "");
+    }
+    fmt::print("]\n");
+  } else if (!collected.empty()) {
+    print_summary(given, collected, inputs.size());
+  }
+  return status;
 }
 
 }  // namespace
@@ -1423,7 +1624,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gpumem-replay: %s%s\n", prefix, gpumem::detail::printable(what).c_str());
   };
   try {
-    return check_output(run(o), writes_stdout);
+    return check_output(run_all(o), writes_stdout);
   } catch (const gpumem::trace_error& e) {
     report("", e.what());
   } catch (const std::system_error& e) {

@@ -722,6 +722,35 @@ inline allocation_trace read_pytorch_snapshot(const std::string& path, int devic
   }
 }
 
+/// The devices a snapshot pickle (a whole file's bytes) holds data for: those of its segments and
+/// those whose device trace has events, in increasing order. Throws trace_error when the bytes are
+/// not a pickle of the supported subset or have no 'segments' list.
+inline std::vector<int> pytorch_snapshot_devices(std::string_view bytes) {
+  const detail::pickle_value root = detail::unpickle(bytes);
+  std::vector<int> devices;
+  const detail::pickle_value* segments = root.is_dict() ? root.find("segments") : nullptr;
+  if (segments == nullptr || !segments->is_list()) {
+    throw trace_error("PyTorch snapshot: no 'segments' list", 0);
+  }
+  for (const detail::pickle_value& seg : segments->as_list()) {
+    const detail::pickle_value* d = seg.is_dict() ? seg.find("device") : nullptr;
+    const std::int64_t device = d != nullptr && d->is_int() ? d->as_int() : 0;
+    if (device >= 0 && device <= std::numeric_limits<int>::max()) {
+      devices.push_back(static_cast<int>(device));
+    }
+  }
+  if (const detail::pickle_value* traces = root.find("device_traces");
+      traces != nullptr && traces->is_list()) {
+    const auto& list = traces->as_list();
+    for (std::size_t d = 0; d < list.size() && d <= std::numeric_limits<int>::max(); ++d) {
+      if (list[d].is_list() && !list[d].as_list().empty()) devices.push_back(static_cast<int>(d));
+    }
+  }
+  std::sort(devices.begin(), devices.end());
+  devices.erase(std::unique(devices.begin(), devices.end()), devices.end());
+  return devices;
+}
+
 /// Writes a snapshot pickle (protocol 4) of `segments` (caching_allocator::snapshot(), the state
 /// at the end of `history`) and `history`'s events after its initial ones, for `device` (earlier
 /// devices get empty traces). pytorch.org/memory_viz opens it; read_pytorch_snapshot reads it
