@@ -366,6 +366,7 @@ inline replay_result replay_trace(const compiled_trace& trace, const replay_opti
     std::vector<reserved_range<simulated_stream>> ranges;
     std::vector<snapshot_trace_entry> ooms;
     std::vector<std::uint32_t> slot_stream;
+    std::size_t memory_calls_seen = 0;  // device calls that obtain or give back memory, so far
     if (options.record_history) {
       slot_stream.assign(trace.allocations, 0);
       alloc.set_event_observer([&ooms](const allocator_event<simulated_stream>& e) {
@@ -379,7 +380,12 @@ inline replay_result replay_trace(const compiled_trace& trace, const replay_opti
     auto record_snapshot = [&](const compiled_trace::op& o, std::size_t i, std::size_t global,
                                void* ptr, bool oom) {
       const std::int64_t t = trace.time_us.empty() ? no_time : trace.time_us[i];
-      std::vector<reserved_range<simulated_stream>> now = alloc.reserved_ranges();
+      // Classic and expandable change their memory only through device calls; stitch also moves
+      // shared pages from range to range without any.
+      const std::size_t calls = device.counters().memory_calls();
+      std::vector<reserved_range<simulated_stream>> now =
+          calls != memory_calls_seen || r.policy == "stitch" ? alloc.reserved_ranges() : ranges;
+      memory_calls_seen = calls;
       const auto address = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(ptr));
       std::vector<snapshot_trace_entry>& out = r.snapshot_trace;
       auto block_event = [&](allocator_action a) {
@@ -429,6 +435,7 @@ inline replay_result replay_trace(const compiled_trace& trace, const replay_opti
             options.record_history && (step > 0 || i >= trace.initial_events);
         if (options.record_history && step == 0 && i == trace.initial_events) {
           ranges = alloc.reserved_ranges();
+          memory_calls_seen = device.counters().memory_calls();
           ooms.clear();
         }
         if (options.record_history && o.kind == op_kind::alloc) slot_stream[o.slot] = o.stream;
