@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The per-trace comparison of bench/README.md: every real PyTorch snapshot in ../shared/traces and
+# The per-trace comparison of bench/README.md: every real PyTorch snapshot in examples/traces/real and
 # every bundled trace, replayed by gpumem (classic, expandable, stitch), by PyTorch 2.11's own
 # allocator (default, expandable_segments:True) and by CUB's CachingDeviceAllocator (defaults), on
 # an 80 GiB simulated device; peak reserved memory, device calls, simulated time in device calls
@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 replay=${1:-build/tools/replay/gpumem-replay}
-shared=${GPUMEM_SHARED_TRACES:-../shared/traces}
+shared=${GPUMEM_SHARED_TRACES:-examples/traces/real}
 traces=()
 for f in "$shared"/*.pickle examples/traces/*.trace; do [[ -f $f ]] && traces+=("$f"); done
 for f in "${traces[@]}"; do

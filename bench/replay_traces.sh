@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The trace table of bench/README.md: every real PyTorch snapshot in ../shared/traces and every
+# The trace table of bench/README.md: every real PyTorch snapshot in examples/traces/real and every
 # bundled trace in examples/traces, replayed by gpumem-replay under classic, expandable and stitch
 # on an 80 GiB simulated device, beside what PyTorch reserved when it recorded the snapshot, with
 # the smallest device per policy. Prints Markdown.
@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 replay=${1:-build/tools/replay/gpumem-replay}
-shared=${GPUMEM_SHARED_TRACES:-../shared/traces}
+shared=${GPUMEM_SHARED_TRACES:-examples/traces/real}
 traces=()
 for f in "$shared"/*.pickle examples/traces/*.trace; do [[ -f $f ]] && traces+=("$f"); done
 for f in "${traces[@]}"; do

@@ -1,5 +1,5 @@
-// PyTorch memory snapshots: the real recordings in ../shared/traces read back to the figures their
-// PROVENANCE gives (event counts, PyTorch's peak reserved and requested), the traces obey
+// PyTorch memory snapshots: the real recordings in examples/traces/real read back to the figures
+// their README gives (event counts, PyTorch's peak reserved and requested), the traces obey
 // docs/trace_format.md's validity rules, gpumem's export reads back unchanged (and loads in
 // Python), and malformed snapshots are trace_errors that say where.
 #include "gpumem/trace/pytorch_snapshot.hpp"
@@ -43,14 +43,15 @@ using dict = pickle_value::dict_items;
 using seq = pickle_value::sequence;
 namespace fs = std::filesystem;
 
-// --- Where the real traces are ------------------------------------------------------------------
+// --- Where the real traces are (examples/traces/real; GPUMEM_SHARED_TRACES first)
+// ------------------------------------------------------------------
 
 std::optional<std::string> real_trace(const std::string& name) {
   std::vector<fs::path> dirs;
   if (const char* env = std::getenv("GPUMEM_SHARED_TRACES"); env != nullptr && *env != '\0') {
     dirs.emplace_back(env);
   }
-  dirs.push_back(fs::path(__FILE__).parent_path() / ".." / ".." / "shared" / "traces");
+  dirs.emplace_back(GPUMEM_REAL_TRACES);
   for (const fs::path& dir : dirs) {
     std::error_code ec;
     if (fs::is_regular_file(dir / name, ec)) return (dir / name).string();
@@ -58,11 +59,11 @@ std::optional<std::string> real_trace(const std::string& name) {
   return std::nullopt;
 }
 
-#define GPUMEM_REAL_TRACE(var, name)                                                             \
-  const std::optional<std::string> var##_found = real_trace(name);                               \
-  if (!var##_found) {                                                                            \
-    GTEST_SKIP() << name << " not found (set GPUMEM_SHARED_TRACES to the shared/traces folder)"; \
-  }                                                                                              \
+#define GPUMEM_REAL_TRACE(var, name)                                                        \
+  const std::optional<std::string> var##_found = real_trace(name);                          \
+  if (!var##_found) {                                                                       \
+    GTEST_FAIL() << name << " not found in examples/traces/real (or GPUMEM_SHARED_TRACES)"; \
+  }                                                                                         \
   const std::string& var = *var##_found
 
 std::string read_file(const std::string& path) {
@@ -329,7 +330,7 @@ TEST(RealSnapshot, ExportReadsBackUnchanged) {
                            "opt-inference-oom-state.pickle"}) {
     SCOPED_TRACE(name);
     const std::optional<std::string> path = real_trace(name);
-    if (!path) GTEST_SKIP() << name << " not found (set GPUMEM_SHARED_TRACES)";
+    if (!path) GTEST_FAIL() << name << " not found in examples/traces/real";
     const allocation_trace original = gpumem::read_pytorch_snapshot(*path);
     const auto segments = segments_of(gpumem::detail::unpickle(read_file(*path)));
     const allocation_trace back = read_bytes(export_bytes(segments, original));
@@ -615,15 +616,46 @@ TEST(Rebuild, SegmentEventsMarkersAndSettings) {
       pickle_value::make_dict(
           dict{{"PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"}, {"max_split_size", -1}}));
   const allocation_trace t = read_value(v);
-  ASSERT_EQ(t.events.size(), 4u);  // oom and snapshot dropped
+  // snapshot dropped; the oom becomes the failed request (an alloc at 0 and its free), without a
+  // device size (the event has no 'device_free')
+  ASSERT_EQ(t.events.size(), 7u);
   EXPECT_EQ(t.events[0].kind, trace_event_kind::segment_alloc);
-  EXPECT_EQ(t.events[1].kind, trace_event_kind::segment_free);
-  EXPECT_EQ(t.events[2].kind, trace_event_kind::segment_alloc);
-  EXPECT_EQ(t.events[3].kind, trace_event_kind::segment_free);
+  EXPECT_EQ(t.events[1], (trace_event{trace_event_kind::alloc, 0, 1 << 30, 0, no_time}));
+  EXPECT_EQ(t.events[2].kind, trace_event_kind::free_requested);
+  EXPECT_EQ(t.events[3].kind, trace_event_kind::free_completed);
+  EXPECT_EQ(t.events[4].kind, trace_event_kind::segment_free);
+  EXPECT_EQ(t.events[5].kind, trace_event_kind::segment_alloc);
+  EXPECT_EQ(t.events[6].kind, trace_event_kind::segment_free);
+  EXPECT_EQ(t.recorded_oom_event, std::optional<std::size_t>(1));
+  EXPECT_EQ(t.device_memory, std::nullopt);
   EXPECT_EQ(t.events[0].time_us, no_time);
   EXPECT_EQ(t.recorded_config, "expandable_segments:True");
   // final 3 x 2 MiB; undo: +3 (segment_free), -1 (segment_alloc), +1 (unmap), -1 (map) = 5 x 2 MiB
   EXPECT_EQ(t.recorded_initial_reserved, std::optional<std::uint64_t>(5 * mib2));
+}
+
+// PyTorch's oom event (device_free instead of addr): the request that failed is replayed where it
+// failed, and the device is what the allocator could have had: its reserved memory then (after
+// the segment its out-of-memory path freed) plus the device's free memory.
+TEST(Rebuild, OomIsTheFailedRequestAndGivesTheDevice) {
+  pickle_value oom = pickle_value::make_dict(dict{{"action", "oom"},
+                                                  {"device_free", 3 * mib2},
+                                                  {"size", 5 * mib2},
+                                                  {"stream", 4},
+                                                  {"time_us", 77},
+                                                  {"frames", pickle_value::make_list()}});
+  const allocation_trace t = read_value(snapshot(
+      {segment(seg_addr, 2 * mib2, {block(seg_addr, 2 * mib2, 2 * mib2, "active_allocated")})},
+      {event("segment_alloc", seg_addr + 8 * mib2, mib2), event("alloc", seg_addr, 2 * mib2),
+       event("segment_free", seg_addr + 8 * mib2, mib2), oom, event("oom", 0, 1000)}));
+  ASSERT_EQ(t.events.size(), 6u);  // only the first oom becomes a request
+  EXPECT_EQ(t.recorded_oom_event, std::optional<std::size_t>(3));
+  EXPECT_EQ(t.events[3], (trace_event{trace_event_kind::alloc, 0, 5 * mib2, 4, 77}));
+  EXPECT_EQ(t.events[4], (trace_event{trace_event_kind::free_requested, 0, 5 * mib2, 4, 77}));
+  EXPECT_EQ(t.events[5], (trace_event{trace_event_kind::free_completed, 0, 5 * mib2, 4, 77}));
+  // reserved: 2 x 2 MiB at the start (final 2, +1 -1), 2 x 2 MiB at the oom; plus 3 x 2 MiB free
+  EXPECT_EQ(t.device_memory, std::optional<std::uint64_t>(5 * mib2));
+  EXPECT_EQ(first_violation(t), "");
 }
 
 TEST(Rebuild, OldSchemaBlocksWithoutAddress) {

@@ -5,7 +5,7 @@
 #   bash tools/demo.sh            (GPUMEM_BUILD_DIR picks the build folder; default: build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash tools/setup.sh
+bash tools/setup.sh --replay-only  # gpumem-replay needs no CUDA toolkit
 build=${GPUMEM_BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$build" -j"$(nproc)" --target gpumem_replay >/dev/null

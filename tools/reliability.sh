@@ -93,7 +93,7 @@ if CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebIn
     "$replay" "$seed" --convert "$corpus/rmm_csv/seed.csv" >/dev/null 2>&1 || true
     "$replay" "$seed" --export-snapshot "$corpus/pytorch_snapshot/seed.pickle" >/dev/null 2>&1 || true
   fi
-  [ -d ../shared/traces ] && cp ../shared/traces/*.pickle "$corpus/pytorch_snapshot/" 2>/dev/null
+  cp examples/traces/real/*.pickle "$corpus/pytorch_snapshot/"
   head -c 3000 /dev/urandom >"$corpus/allocator_ops/random"
   for name in config native_trace rmm_csv pytorch_snapshot allocator_ops replay parse_size; do
     log=$out/fuzz_$name.log

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Installs what gpumem's build needs on a Debian machine (idempotent; quiet when all is there).
+#   bash tools/setup.sh [--replay-only]   (--replay-only: the CUDA toolkit is not required)
 set -euo pipefail
 
 need=()
@@ -17,9 +18,15 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
-# The CUDA toolkit provides the headers gpumem compiles against (no GPU is needed).
+# The CUDA toolkit provides the headers gpumem compiles against (no GPU is needed). Without it
+# only gpumem-replay builds: `bash tools/setup.sh --replay-only` (the demo) goes on with a note.
 if ! command -v nvcc >/dev/null && [ ! -d /usr/local/cuda ]; then
+  if [ "${1:-}" = "--replay-only" ]; then
+    echo "gpumem setup: no CUDA toolkit: building gpumem-replay only" >&2
+    exit 0
+  fi
   echo "gpumem setup: the CUDA toolkit was not found (expected nvcc on PATH or /usr/local/cuda)." >&2
-  echo "  Install it from NVIDIA's packages (cuda-toolkit), then run this again." >&2
+  echo "  Install it from NVIDIA's packages (cuda-toolkit), then run this again; without it only" >&2
+  echo "  gpumem-replay builds (bash tools/demo.sh runs without it)." >&2
   exit 1
 fi

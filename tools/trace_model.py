@@ -6,6 +6,14 @@ Usage:
     tools/trace_model.py --model llama --batch-size 1 --seq-len 1024 --checkpointing
     tools/trace_model.py --model resnet50 --batch-size 32 --grad-accum-steps 2
     tools/trace_model.py --model llama-tiny --layers 2 --dtype bfloat16 --steps 3
+    tools/trace_model.py --module mypkg.models:make_model --output mine.trace
+
+Your own model (--module MODULE:FUNCTION, MODULE imported as Python imports it, the current
+folder first): FUNCTION() is called with PyTorch's meta device as the default device and returns
+(model, make_batch): `model` an nn.Module, `make_batch(device)` a tuple of the arguments of one
+micro-batch's forward call, `model(*make_batch(device))`, which returns the loss (a tensor that is
+not a scalar is summed). Parameters are cast to --dtype; --batch-size, --seq-len, --image-size,
+--layers, --checkpointing, --attention and --dropout are the built-in models' and do not apply.
 
 Models (built here in plain torch from their published configurations):
     gpt2          GPT-2 small (124M): 12 layers, 12 heads, 768 wide, vocab 50257, context 1024
@@ -117,7 +125,10 @@ def parse_args(argv):
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="See the docstring at the top of tools/trace_model.py for what is recorded.",
     )
-    p.add_argument("--model", required=True, choices=MODELS)
+    p.add_argument("--model", choices=MODELS)
+    p.add_argument("--module", metavar="MODULE:FUNCTION",
+                   help="your own model: FUNCTION in MODULE returns (model, make_batch); see the "
+                   "docstring")
     p.add_argument("--batch-size", type=int, default=None,
                    help="samples per micro-batch (default 4; resnet50: 32)")
     p.add_argument("--seq-len", type=int, default=None,
@@ -148,7 +159,38 @@ def parse_args(argv):
     return args
 
 
+def check_module_args(args):
+    """--module: what the built-in models' flags would mean does not apply."""
+    if args.model is not None:
+        raise UsageError("give --model or --module, not both")
+    module, sep, function = args.module.partition(":")
+    if not sep or not module or not function or not function.isidentifier():
+        raise UsageError(f"--module needs MODULE:FUNCTION (e.g. mypkg.models:make_model), "
+                         f"got {args.module!r}")
+    for flag, value in (("--batch-size", args.batch_size), ("--seq-len", args.seq_len),
+                        ("--image-size", args.image_size), ("--layers", args.layers)):
+        if value is not None:
+            raise UsageError(f"{flag} applies to the built-in models only (--model)")
+    if args.checkpointing:
+        raise UsageError("--checkpointing applies to the built-in models only (--model)")
+    if args.dropout != 0.0 or args.attention != "auto":
+        raise UsageError("--dropout and --attention apply to the built-in models only (--model)")
+    if args.steps < 1:
+        raise UsageError("--steps must be at least 1")
+    if args.grad_accum_steps < 1:
+        raise UsageError("--grad-accum-steps must be at least 1")
+    if args.output != "-":
+        folder = os.path.dirname(os.path.abspath(args.output))
+        if not os.path.isdir(folder):
+            raise UsageError(f"--output: folder {folder} does not exist")
+    args.attention_kernel = None
+
+
 def check_args(args):
+    if args.module is not None:
+        return check_module_args(args)
+    if args.model is None:
+        raise UsageError("give --model or --module")
     transformer = args.model in TRANSFORMERS
     if args.batch_size is None:
         args.batch_size = DEFAULT_BATCH.get(args.model, DEFAULT_TRANSFORMER_BATCH)
@@ -204,6 +246,9 @@ def check_args(args):
 
 
 def source_line(args):
+    if args.module is not None:
+        return (f"trace_model.py module {args.module} accum={args.grad_accum_steps} "
+                f"dtype={args.dtype} steps={args.steps}")
     if args.model in TRANSFORMERS:
         shape = f"batch={args.batch_size} seq={args.seq_len}"
     else:
@@ -227,7 +272,7 @@ def import_torch(model):
             "trace_model.py: cannot import torch (%s).\n"
             "Install PyTorch (CPU is enough), e.g.: pip install torch torchvision\n" % e)
         raise SystemExit(3)
-    if model == "resnet50":
+    if model == "resnet50":  # (None: --module)
         try:
             import torchvision  # noqa: F401
         except ImportError as e:
@@ -636,6 +681,22 @@ def make_batch(args, device):
     return images, torch.empty((args.batch_size,), dtype=torch.long, device=device)
 
 
+def user_factory(spec):
+    """The function MODULE:FUNCTION names (--module), imported with the current folder first."""
+    import importlib
+    module_name, _, function = spec.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise UsageError(f"--module: cannot import {module_name}: {e}")
+    factory = getattr(module, function, None)
+    if not callable(factory):
+        raise UsageError(f"--module: {module_name} has no function {function}")
+    return factory
+
+
 def record(args):
     """Runs the training steps and returns (recorder, parameter_bytes, loaded_bytes)."""
     import torch
@@ -643,9 +704,20 @@ def record(args):
     torch.manual_seed(args.seed)
     device = torch.device("meta")
     Recorder = build_recorder_class()
-    build = build_models_module()
-    with device:
-        model = build(args)
+    user_batch = None
+    if args.module is not None:
+        factory = user_factory(args.module)
+        with device:
+            made = factory()
+        if (not isinstance(made, tuple) or len(made) != 2 or not isinstance(made[0], torch.nn.Module)
+                or not callable(made[1])):
+            raise UsageError(f"--module: {args.module}() must return (model, make_batch), an "
+                             f"nn.Module and a function of the device")
+        model, user_batch = made
+    else:
+        build = build_models_module()
+        with device:
+            model = build(args)
     model.to(getattr(torch, args.dtype))
     model.train()
 
@@ -667,8 +739,14 @@ def record(args):
 
     def micro_step(step, micro):
         recorder.mark("step %d micro %d forward" % (step, micro))
-        inputs, targets = make_batch(args, device)
-        loss = model(inputs, targets)
+        if user_batch is not None:
+            batch = user_batch(device)
+            loss = model(*(batch if isinstance(batch, tuple) else (batch,)))
+            if loss.dim() != 0:
+                loss = loss.sum()
+        else:
+            inputs, targets = make_batch(args, device)
+            loss = model(inputs, targets)
         if accum > 1:
             loss = loss / accum
         recorder.mark("step %d micro %d backward" % (step, micro))
@@ -699,7 +777,11 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     import_torch(args.model)
     started = time.monotonic()
-    recorder, parameter_bytes, loaded_bytes = record(args)
+    try:
+        recorder, parameter_bytes, loaded_bytes = record(args)
+    except UsageError as e:
+        sys.stderr.write("trace_model.py: %s\n" % e)
+        return 2
     elapsed = time.monotonic() - started
 
     import torch

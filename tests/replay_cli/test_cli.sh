@@ -57,16 +57,31 @@ run 2 "$work/survivor.trace" --bogus
 expect_in "$err" "unknown option --bogus" "unknown flag"
 run 2 "$work/survivor.trace" --device-memory 12XB
 expect_in "$err" "--device-memory" "bad size"
-run 2 "$work/survivor.trace" --device-memory 0
+run 2 "$work/survivor.trace" --device-memory 0B
 expect_in "$err" "more than 0 bytes" "zero size"
+# A size without a unit is refused ("24" would be 24 bytes), for --device-memory and --overhead.
+for v in 24 0 1.5 "24 "; do
+  run 2 "$work/survivor.trace" --device-memory "$v"
+  expect_in "$err" "--device-memory \"$v\" has no unit: write e.g. " "--device-memory $v without a unit"
+done
+run 2 "$work/survivor.trace" --overhead 512
+expect_in "$err" "--overhead \"512\" has no unit" "--overhead without a unit"
+run 2 "$work/survivor.trace" --overhead 3QB
+expect_in "$err" "--overhead: " "--overhead bad size"
+run 2 "$work/survivor.trace" --device-memory 100MiB --overhead 100MiB
+expect_in "$err" "--overhead 100 MiB leaves nothing of the 100 MiB device" "--overhead too large"
+run 2 "$work/survivor.trace" --timeline "$work/t.txt"
+expect_in "$err" "--timeline writes FILE.csv or FILE.json" "--timeline bad extension"
+run 2 "$work/survivor.trace" --timeline
+expect_in "$err" "--timeline needs a value" "--timeline without a file"
 run 2 "$work/survivor.trace" --device-memory
 expect_in "$err" "--device-memory needs a value" "missing value"
 run 2 "$work/survivor.trace" --config "policy:sometimes"
 expect_in "$err" "bad configuration \"policy:sometimes\"" "bad config"
 run 2 "$work/survivor.trace" --config policy:classic --compare policy:stitch
 expect_in "$err" "one --config, or --compare" "--config with --compare"
-run 2 "$work/survivor.trace" "$work/survivor.trace"
-expect_in "$err" "one trace at a time" "two traces"
+run 0 "$work/survivor.trace" "$work/survivor.trace"
+expect_in "$out" "=== 2 traces ===" "two traces"
 run 2 "$work/survivor.trace" --progress sometimes
 expect_in "$err" "auto, always or never" "bad --progress"
 run 2 "$work/survivor.trace" --allocator jemalloc
@@ -235,23 +250,149 @@ run 0 "$work/huge.trace" --device-memory 2TiB --find-min-memory --config policy:
 expect_in "$out" "result:  completed" "1.5 TiB on a 2 TiB device"
 expect_in "$out" "minimum: completes on 1.50 TiB" "--find-min-memory beyond 1 TiB"
 
-# --- real PyTorch snapshots, when the shared folder is there --------------------------------------
-shared=${GPUMEM_SHARED_TRACES:-$source_dir/../shared/traces}
-if [[ -f $shared/transformer-forward-bf16.pickle ]]; then
-  run 0 "$shared/transformer-forward-bf16.pickle" --compare policy:classic policy:stitch
-  expect_in "$out" "pytorch-snapshot, 2948 events, 1074 allocations" "snapshot header"
-  expect_in "$out" "137 blocks were live before recording began" "initial state"
-  expect_in "$out" "recorded: the recording allocator reserved" "recorded reference"
-  run 0 "$shared/transformer-forward-bf16.pickle" --convert "$work/tf.trace"
-  run 0 "$work/tf.trace" --json --config policy:classic
-  from_native=$(grep -oE '"peak_reserved_bytes": [0-9]+' <<<"$out")
-  run 0 "$shared/transformer-forward-bf16.pickle" --json --config policy:classic
-  from_pickle=$(grep -oE '"peak_reserved_bytes": [0-9]+' <<<"$out")
-  [[ -n $from_pickle && $from_native == "$from_pickle" ]] ||
-    fail "converted trace replays differently: $from_native vs $from_pickle"
-else
-  echo "note: $shared not found: the PyTorch snapshot checks were skipped"
-fi
+# --- --overhead: the allocator gets the device minus it --------------------------------------------
+# survivor completes under classic on 100 MiB with 30 MiB cut (70 MiB) only if 70 MiB suffice: it
+# needs 20 + 50 MiB live after a 60 MiB segment: classic runs out on 100 MiB already.
+run 0 "$work/survivor.trace" --device-memory 130MiB --config policy:classic
+expect_in "$out" "result:  completed" "130 MiB: classic completes"
+run 0 "$work/survivor.trace" --device-memory 130MiB --overhead 40MiB --config policy:classic
+expect_in "$out" "device:  simulated, 90 MiB for the allocator \(130 MiB minus 40 MiB of overhead\)" \
+  "--overhead in the header"
+expect_in "$out" "OUT OF MEMORY at event 4" "--overhead: classic runs out on what is left"
+run 0 "$work/survivor.trace" --device-memory 130MiB --overhead 40MiB --config policy:classic --json
+expect_in "$out" '"device_memory_bytes": 94371840' "--overhead in --json"
+
+# --- the out-of-memory diagnosis: configurations that complete, found by replaying --------------
+run 0 "$work/survivor.trace" --device-memory 100MiB --config policy:classic
+expect_in "$out" "tried: these complete on this device \(each replayed\):" "completes_with header"
+expect_in "$out" '--config "policy:stitch"' "stitch completes on 100 MiB"
+run 0 "$work/survivor.trace" --device-memory 100MiB --config policy:classic --json
+expect_in "$out" '"completes_with": \[[^]]*"policy:stitch"' "completes_with in --json"
+run 0 "$work/survivor.trace" --device-memory 60MiB --config policy:classic
+expect_in "$out" "tried: neither a max_split_size_mb, nor expandable segments, nor stitch" \
+  "nothing completes on 60 MiB"
+# max_split_size_mb: the GPT-2 step on 3 GiB (the quick start) completes under classic with one.
+run 0 "$source_dir/examples/traces/gpt2-small-b4-s512-ckpt.trace" --device-memory 3GiB \
+  --config policy:classic
+expect_in "$out" '--config "max_split_size_mb:[0-9]+,policy:classic"' "a max_split_size_mb proposed"
+proposed=$(grep -oE 'max_split_size_mb:[0-9]+,policy:classic' <<<"$out" | head -1)
+run 0 "$source_dir/examples/traces/gpt2-small-b4-s512-ckpt.trace" --device-memory 3GiB \
+  --config "$proposed"
+expect_in "$out" "result:  completed" "the proposed $proposed completes"
+
+# --- --timeline ------------------------------------------------------------------------------------
+run 0 "$work/survivor.trace" --device-memory 100MiB --compare policy:classic policy:stitch \
+  --timeline "$work/t.csv"
+expect_in "$out" "timeline: $work/t.csv" "--timeline named"
+expect_in "$(head -1 "$work/t.csv")" "^config,policy,event,requested_bytes,allocated_bytes,reserved_bytes,time_us$" \
+  "--timeline CSV header"
+expect_in "$(cat "$work/t.csv")" '^"policy:stitch",stitch,6,0,[0-9]+,[0-9]+,$' "--timeline: stitch's last event"
+expect_in "$(cat "$work/t.csv")" '^"policy:classic",classic,3,[0-9]+,' "--timeline: classic up to its OOM"
+[[ $(grep -c '^"policy:classic"' "$work/t.csv") == 4 ]] || fail "--timeline: classic has 4 events before its OOM"
+[[ $(grep -c '^"policy:stitch"' "$work/t.csv") == 7 ]] || fail "--timeline: stitch has 7 events"
+run 0 "$work/survivor.trace" --device-memory 100MiB --config policy:stitch --timeline "$work/t.json"
+python3 - "$work/t.json" <<'PY' || fail "--timeline JSON"
+import json, sys
+t = json.load(open(sys.argv[1]))
+assert len(t) == 1 and t[0]["config"] == "policy:stitch" and t[0]["completed"], t
+assert t[0]["event"] == list(range(7)), t[0]["event"]
+assert t[0]["requested_bytes"][4] == 70 << 20 and t[0]["requested_bytes"][-1] == 0
+assert max(t[0]["reserved_bytes"]) >= 70 << 20 and t[0]["time_us"] is None
+PY
+
+# --- real PyTorch snapshots (examples/traces/real) ------------------------------------------------
+shared=${GPUMEM_SHARED_TRACES:-$source_dir/examples/traces/real}
+[[ -f $shared/transformer-forward-bf16.pickle ]] || fail "$shared/transformer-forward-bf16.pickle not found"
+run 0 "$shared/transformer-forward-bf16.pickle" --compare policy:classic policy:stitch
+expect_in "$out" "pytorch-snapshot, 2948 events, 1074 allocations" "snapshot header"
+expect_in "$out" "137 blocks were live before recording began" "initial state"
+expect_in "$out" "recorded: the recording allocator reserved" "recorded reference"
+# --config recorded: the default for a PyTorch snapshot, printed in the header.
+run 0 "$shared/transformer-forward-bf16.pickle"
+expect_in "$out" 'config:  recorded = "policy:classic" \(the snapshot.s allocator_settings: ""\)' \
+  "recorded config in the header"
+expect_in "$out" 'config:  "recorded" \(allocator gpumem, policy classic\)' "recorded is the default"
+run 0 "$shared/transformer-forward-bf16.pickle" --compare --json
+expect_in "$out" '"config": "recorded".*"recorded_config": "policy:classic"' "--compare starts with recorded"
+expect_in "$out" '"config": "policy:stitch"' "--compare then gpumem's policies"
+run 0 "$shared/transformer-forward-bf16.pickle" --config policy:stitch
+expect_in "$out" 'config:  "policy:stitch"' "a given --config replaces recorded"
+run 2 "$work/survivor.trace" --allocator cub --config recorded
+# Its time stamps come through to --timeline.
+run 0 "$shared/transformer-forward-bf16.pickle" --timeline "$work/tf.csv"
+expect_in "$(sed -n 2000p "$work/tf.csv")" '^"recorded",classic,[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]{10,}$' \
+  "--timeline carries the recorded time_us"
+# A snapshot that recorded an out-of-memory (the quick start's classic run, exported): replayed as
+# recorded on the device the recording could use (its reserved memory plus the device's free
+# memory at the out-of-memory), it runs out at the same request; on a larger device it completes,
+# with a warning.
+run 0 "$source_dir/examples/traces/gpt2-small-b4-s512-ckpt.trace" --device-memory 3GiB \
+  --config policy:classic --export-snapshot "$work/oom.pickle"
+run 0 "$work/oom.pickle"
+expect_in "$out" "device:  simulated, 3 GiB \(the recording's at its out-of-memory" "device from the recorded OOM"
+expect_in "$out" "recorded: the recording ran out of memory after event 3492" "recorded OOM"
+expect_in "$out" "result:  OUT OF MEMORY at event 3492 of 3495 \(a request of 392.63 MiB\)" \
+  "the recorded OOM reproduced"
+[[ -z $err ]] || fail "no warning when the OOM is reproduced: $err"
+run 0 "$work/oom.pickle" --device-memory 8GiB
+expect_in "$out" "result:  completed" "8 GiB: completes"
+expect_in "$err" "warning: the recording ran out of memory at event 3492, but \"recorded\" completes on 8 GiB" \
+  "warning when a recorded OOM is not reproduced"
+# Multi-device snapshots: the header says which devices hold data; --snapshot-device N|all.
+python3 - "$shared/transformer-forward-bf16.pickle" "$work/oom.pickle" "$work/two.pickle" <<'PY' ||
+import pickle, sys
+a = pickle.load(open(sys.argv[1], "rb"))
+b = pickle.load(open(sys.argv[2], "rb"))
+for s in b["segments"]:
+    s["device"] = 1
+a["segments"] += b["segments"]
+a["device_traces"] = [a["device_traces"][0], b["device_traces"][0]]
+pickle.dump(a, open(sys.argv[3], "wb"))
+PY
+  fail "building a two-device snapshot"
+run 0 "$work/two.pickle"
+expect_in "$out" "devices with data: 0, 1; this is device 0 \(--snapshot-device N or all" "devices listed"
+run 0 "$work/two.pickle" --snapshot-device 1
+expect_in "$out" "this is device 1" "--snapshot-device 1"
+expect_in "$out" "OUT OF MEMORY at event 3492" "device 1 is the out-of-memory run"
+run 1 "$work/two.pickle" --snapshot-device 2
+expect_in "$err" "device 2 has neither segments nor trace events \(devices with data: 0, 1; see --snapshot-device\)" \
+  "a device without data names those with data"
+run 2 "$work/two.pickle" --snapshot-device some
+expect_in "$err" "--snapshot-device needs a device number or all" "--snapshot-device bad value"
+run 0 "$work/two.pickle" --snapshot-device all --device-memory 3GiB --config policy:classic
+expect_in "$out" "=== $work/two.pickle, device 0 ===" "all: device 0"
+expect_in "$out" "=== $work/two.pickle, device 1 ===" "all: device 1"
+expect_in "$out" "=== 2 traces ===" "all: the summary"
+expect_in "$out" "two.pickle device 1 +policy:classic +OOM at event 3492" "all: device 1's row"
+expect_in "$out" "worst for \"policy:classic\": $work/two.pickle device 1 \(out of memory at event 3492\)" \
+  "all: the worst device"
+run 0 "$work/two.pickle" --snapshot-device all --json
+[[ $(grep -c '"snapshot_device": [01]' <<<"$out") == 2 ]] || fail "all --json: one record per device"
+python3 -c 'import json,sys; json.loads(sys.stdin.read())' <<<"$out" || fail "all --json is one JSON array"
+# Several traces at once (one per rank): one replay each, then the table and the worst.
+run 0 "$source_dir/examples/traces/resnet50-b32.trace" \
+  "$source_dir/examples/traces/gpt2-small-b4-s512-ckpt.trace" --device-memory 3GiB --config policy:classic
+expect_in "$out" "=== 2 traces ===" "several traces: the summary"
+expect_in "$out" "worst for \"policy:classic\": .*gpt2-small-b4-s512-ckpt.trace \(out of memory at event 3410\)" \
+  "several traces: the worst one"
+run 0 "$source_dir/examples/traces/resnet50-b32.trace" "$work/survivor.trace" --json --config policy:stitch
+[[ $(grep -c '"config": "policy:stitch"' <<<"$out") == 2 ]] || fail "several --json: one record each"
+run 1 "$work/survivor.trace" "$work/missing.trace" --device-memory 1GiB
+expect_in "$out" "=== 2 traces ===" "a missing trace does not stop the others"
+expect_in "$out" "\(1 could not be replayed" "the missing one counted"
+expect_in "$err" "missing.trace" "the missing trace is named"
+run 2 "$work/survivor.trace" "$work/survivor.trace" --plot "$work/p.svg"
+expect_in "$err" "--plot writes one trace's file" "--plot with several traces"
+run 2 "$work/survivor.trace" - --config policy:stitch
+expect_in "$err" "standard input \(-\) is read alone" "stdin with several traces"
+run 0 "$shared/transformer-forward-bf16.pickle" --convert "$work/tf.trace"
+run 0 "$work/tf.trace" --json --config policy:classic
+from_native=$(grep -oE '"peak_reserved_bytes": [0-9]+' <<<"$out")
+run 0 "$shared/transformer-forward-bf16.pickle" --json --config policy:classic
+from_pickle=$(grep -oE '"peak_reserved_bytes": [0-9]+' <<<"$out")
+[[ -n $from_pickle && $from_native == "$from_pickle" ]] ||
+  fail "converted trace replays differently: $from_native vs $from_pickle"
 
 # --steps: the trace replayed as a training loop's steps; what each step asked of the device.
 gpt2="$source_dir/examples/traces/gpt2-small-b4-s512.trace"

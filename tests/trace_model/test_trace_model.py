@@ -460,6 +460,14 @@ class OptionsTest(unittest.TestCase):
         ["--model", "resnet50", "--image-size", "8"],
         ["--model", "gpt2", "--bogus"],
         ["--model", "gpt2", "--output", "/nonexistent-folder/x.trace"],
+        ["--module", "mymodels"],
+        ["--module", ":make"],
+        ["--module", "mymodels:make-it"],
+        ["--module", "mymodels:make", "--model", "gpt2"],
+        ["--module", "mymodels:make", "--batch-size", "2"],
+        ["--module", "mymodels:make", "--checkpointing"],
+        ["--module", "mymodels:make", "--attention", "math"],
+        ["--module", "mymodels:make", "--steps", "0"],
     ]
 
     def test_bad_options_exit_nonzero_with_a_message(self):
@@ -581,6 +589,69 @@ print(json.dumps({"lines": rec.lines, "peak": rec.peak_live_bytes, "live": rec.l
             if line.startswith("alloc"):
                 self.assertEqual(int(line.split()[1], 16) % 512, 0)
                 self.assertGreater(int(line.split()[2]), 0)
+
+
+USER_MODULE = """
+import torch
+from torch import nn
+
+
+class WithLoss(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 10))
+
+    def forward(self, x, y):
+        return nn.functional.cross_entropy(self.net(x), y)
+
+
+def make_mlp():
+    def batch(device):
+        return (torch.empty(64, 1024, device=device),
+                torch.empty(64, dtype=torch.long, device=device))
+    return WithLoss(), batch
+
+
+def not_a_pair():
+    return 3
+"""
+
+
+class UserModuleTest(TorchTestCase):
+    """--module MODULE:FUNCTION: the user's own model, imported from the current folder."""
+
+    def run_in(self, *args):
+        folder = Path(self.tmp.name) / "user"
+        folder.mkdir(exist_ok=True)
+        (folder / "mymodels.py").write_text(USER_MODULE, encoding="utf-8")
+        return subprocess.run([torch_python(), str(SCRIPT)] + list(args), capture_output=True,
+                              text=True, timeout=600, cwd=str(folder))
+
+    def test_user_model_is_recorded(self):
+        out = Path(self.tmp.name) / "mlp.trace"
+        r = self.run_in("--module", "mymodels:make_mlp", "--output", str(out))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        text = out.read_text(encoding="utf-8")
+        summary = validate_trace(text)
+        self.assertIn("@source trace_model.py module mymodels:make_mlp accum=1 dtype=float32 "
+                      "steps=2", text)
+        # Two float32 linear layers: weights and biases.
+        params = (1024 * 4096 + 4096 + 4096 * 10 + 10) * 4
+        self.assertIn("parameters %d bytes" % params, r.stderr)
+        # After the steps: the parameters and AdamW's two states (gradients set to None).
+        self.assertIn("end live bytes %d" % (3 * params), r.stderr)
+        self.assertGreater(summary.peak_live_bytes, 4 * params)  # + gradients + activations
+
+    def test_user_model_errors(self):
+        r = self.run_in("--module", "mymodels:not_a_pair")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("must return (model, make_batch)", r.stderr)
+        r = self.run_in("--module", "mymodels:missing")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("mymodels has no function missing", r.stderr)
+        r = self.run_in("--module", "nosuchmodule:f")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("cannot import nosuchmodule", r.stderr)
 
 
 class TraceModelScriptTest(TorchTestCase):

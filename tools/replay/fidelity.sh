@@ -5,7 +5,7 @@
 # trace and the peak reserved memory. Prints a Markdown table (for bench/README.md).
 #
 # usage: fidelity.sh PATH/TO/gpumem-replay [TRACES_DIR] [--check]
-#   TRACES_DIR  default: ../shared/traces next to the source tree
+#   TRACES_DIR  default: examples/traces/real in the source tree
 #   --check     exit 1 when a difference has no known cause (the ctest peers.fidelity)
 #   DEVICE_MEMORY (environment) the simulated device, default 80GiB
 #
@@ -27,7 +27,7 @@ for a in "$@"; do
   if [[ $a == --check ]]; then check=1; else traces=$a; fi
 done
 if [[ -z $traces ]]; then
-  traces="$(cd "$(dirname "$0")/../../.." && pwd)/shared/traces"
+  traces="$(cd "$(dirname "$0")/../.." && pwd)/examples/traces/real"
 fi
 device=${DEVICE_MEMORY:-80GiB}
 shopt -s nullglob

@@ -19,12 +19,15 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
+#include <limits>
 #include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -64,20 +67,37 @@ constexpr std::string_view enable_pytorch =
 
 enum class progress_mode { automatic, always, never };
 
+struct config_run;
+
 struct options {
-  std::string trace_path;
+  std::string trace_path;                // the one being replayed
+  std::vector<std::string> trace_paths;  // as given (several: one replay each, then a summary)
+  bool all_devices = false;              // --snapshot-device all
+  std::vector<int> devices_with_data;    // of a PyTorch snapshot, for the header
+  // Several inputs: run() hands its JSON objects and its runs back instead of printing them.
+  std::vector<std::string>* json_objects = nullptr;
+  std::vector<std::pair<std::string, std::vector<config_run>>>* collected = nullptr;
   std::string allocator = "gpumem";  // gpumem, pytorch or cub
+  // The memory the allocator may use: --device-memory (or the recording's, or 80 GiB) minus
+  // --overhead, once run() has read the trace.
   std::size_t device_memory = std::size_t{80} << 30;
   bool device_memory_given = false;
-  std::vector<std::string> configs;                      // as given, in order
-  std::vector<gpumem::allocator_config> parsed_configs;  // the same, parsed (--allocator gpumem)
+  std::size_t overhead = 0;          // --overhead: what the allocator does not see
+  std::string device_memory_source;  // where the size came from, for the header
+  std::vector<std::string> configs;  // as given, in order ("recorded": the snapshot's settings)
+  // The same, parsed (--allocator gpumem); "recorded" is resolved once the trace is read.
+  std::vector<gpumem::allocator_config> parsed_configs;
+  bool config_given = false;  // --config or --compare with configurations
   bool compare = false;
+  bool compare_defaulted = false;  // --compare alone
   bool find_min_memory = false;
   std::size_t steps = 0;  // --steps N: replay as N training steps (0: once, no step figures)
   std::size_t min_memory_limit = std::size_t{1} << 40;
   std::string plot_path;
   std::string convert_path;
   std::string export_path;
+  std::string timeline_path;       // --timeline FILE.csv|FILE.json
+  std::string recorded_effective;  // what "recorded" stands for, once the trace is read
   bool json = false;
   bool verbose = false;
   bool costs = true;
@@ -87,13 +107,14 @@ struct options {
 
 void print_help() {
   std::printf(
-      "usage: gpumem-replay TRACE [options]\n"
+      "usage: gpumem-replay TRACE... [options]\n"
       "\n"
       "Replays an allocation trace on a simulated GPU under gpumem's caching allocator and tells\n"
       "whether it runs out of memory, where and why, and how much memory it holds. TRACE is a\n"
       "gpumem trace, a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot) or an RMM\n"
       "memory event log (logging_resource_adaptor CSV); the format is recognised by its content.\n"
-      "TRACE - reads it from standard input.\n"
+      "TRACE - reads it from standard input. Several traces (one per rank, say) are replayed\n"
+      "one after the other, then a table puts them side by side and names the worst.\n"
       "\n"
       "options:\n"
       "  --allocator gpumem|pytorch|cub\n"
@@ -103,23 +124,39 @@ void print_help() {
       "                          simulator in a child process (gpumem-replay-peer); their\n"
       "                          --config is their own (pytorch: PYTORCH_CUDA_ALLOC_CONF syntax;\n"
       "                          cub: bin_growth:N,min_bin:N,max_bin:N,max_cached_bytes:SIZE)\n"
-      "  --device-memory SIZE    simulated device size, e.g. 80GiB, 24GiB, 1536MiB (default\n"
-      "                          80GiB; binary units: K/KiB, M/MiB, G/GiB, T/TiB)\n"
+      "  --device-memory SIZE    simulated device size, e.g. 80GiB, 24GiB, 1536MiB (binary\n"
+      "                          units: K/KiB, M/MiB, G/GiB, T/TiB; B for bytes; a number\n"
+      "                          without a unit is refused). Default: for a PyTorch snapshot\n"
+      "                          that ran out of memory, what its allocator could have had\n"
+      "                          (its reserved memory then plus the device's free memory),\n"
+      "                          else 80GiB\n"
+      "  --overhead SIZE         memory of the device that the allocator does not see (CUDA\n"
+      "                          context, NCCL buffers, other processes): the allocator gets\n"
+      "                          the device memory minus this (default 0)\n"
       "  --config CONFIG         the allocator configuration, PYTORCH_CUDA_ALLOC_CONF syntax plus\n"
       "                          gpumem's policy key, e.g. "
       "\"policy:classic,max_split_size_mb:128\"\n"
       "                          or \"expandable_segments:True\" (default: \"\", gpumem's default\n"
-      "                          policy, stitch). The environment is not read\n"
+      "                          policy, stitch). The environment is not read.\n"
+      "                          recorded: the snapshot's own allocator_settings, on the\n"
+      "                          classic policy (expandable with expandable_segments:True):\n"
+      "                          what PyTorch did; the default for a PyTorch snapshot\n"
       "  --compare [CONFIG...]   replay under several configurations, one row each (default:\n"
-      "                          policy:classic policy:expandable policy:stitch)\n"
+      "                          policy:classic policy:expandable policy:stitch, after\n"
+      "                          recorded for a PyTorch snapshot)\n"
       "  --find-min-memory       also find, per configuration, the smallest device on which the\n"
-      "                          trace completes (to 1 MiB; one replay per probe)\n"
+      "                          trace completes (to 1 MiB; one replay per probe). It covers\n"
+      "                          the allocator's memory only: add what --overhead stands for\n"
       "  --plot FILE.svg         draw memory over time per configuration and the segments at the\n"
       "                          peak (or at the out-of-memory) as an SVG image\n"
       "  --steps N               replay the trace N times in a row, as the steps of a training\n"
       "                          loop (what is live at the end of a step is freed), and print "
       "each\n"
       "                          step's device calls, host synchronisations and stream waits\n"
+      "  --timeline FILE.csv|FILE.json\n"
+      "                          write memory over events per configuration: requested,\n"
+      "                          allocated and reserved bytes after each event (and its\n"
+      "                          recorded time, where the trace has one)\n"
       "  --json                  print a JSON array, one object per configuration\n"
       "  --convert FILE          write the trace as a gpumem trace (or, for FILE.csv, as an RMM\n"
       "                          log) and exit\n"
@@ -127,7 +164,8 @@ void print_help() {
       "                          out-of-memory) and the replayed events, under the first\n"
       "                          configuration, as a PyTorch memory snapshot pickle: open it at\n"
       "                          https://pytorch.org/memory_viz\n"
-      "  --snapshot-device N     the device of a PyTorch snapshot to replay (default 0)\n"
+      "  --snapshot-device N|all the device of a PyTorch snapshot to replay (default 0; the\n"
+      "                          header says which devices hold data); all: each of them\n"
       "  --no-costs              charge no simulated time for device calls (default: typical\n"
       "                          figures for a datacenter GPU, see cost_model::typical)\n"
       "  --progress auto|always|never\n"
@@ -154,9 +192,26 @@ void print_help() {
   std::exit(2);
 }
 
+/// A size flag's value: a number with a unit ("24" is refused: it would be 24 bytes).
+std::size_t size_with_unit(std::string_view flag, const std::string& v) {
+  std::string_view t = v;
+  while (!t.empty() && (t.back() == ' ' || t.back() == '\t')) t.remove_suffix(1);
+  if (!t.empty() && ((t.back() >= '0' && t.back() <= '9') || t.back() == '.')) {
+    usage_error(fmt::format("{} \"{}\" has no unit: write e.g. {}GiB or {}MiB (B for bytes)", flag,
+                            gpumem::detail::printable_excerpt(v),
+                            gpumem::detail::printable_excerpt(t),
+                            gpumem::detail::printable_excerpt(t)));
+  }
+  try {
+    return gpumem::parse_size(v);
+  } catch (const std::invalid_argument& e) {
+    usage_error(fmt::format("{}: {}", flag, gpumem::detail::printable_excerpt(e.what(), 300)));
+  }
+}
+
 options parse_command_line(int argc, char** argv) {
   options o;
-  bool config_given = false;
+  bool config_given = false;  // --config seen
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     std::optional<std::string> inline_value;
@@ -184,18 +239,25 @@ options parse_command_line(int argc, char** argv) {
       std::printf("gpumem-replay %s\n", GPUMEM_VERSION);
       std::exit(0);
     } else if (arg == "--device-memory") {
-      const std::string v = value();
-      try {
-        o.device_memory = gpumem::parse_size(v);
-      } catch (const std::invalid_argument& e) {
-        usage_error(
-            fmt::format("--device-memory: {}", gpumem::detail::printable_excerpt(e.what(), 300)));
-      }
+      o.device_memory = size_with_unit("--device-memory", value());
       if (o.device_memory == 0) usage_error("--device-memory must be more than 0 bytes");
       if (o.device_memory > (std::size_t{1} << 50)) {
         usage_error("--device-memory above 1 PiB is not supported");
       }
       o.device_memory_given = true;
+    } else if (arg == "--overhead") {
+      o.overhead = size_with_unit("--overhead", value());
+    } else if (arg == "--timeline") {
+      o.timeline_path = value();
+      const auto ends_with = [&](std::string_view tail) {
+        return o.timeline_path.size() > tail.size() &&
+               o.timeline_path.compare(o.timeline_path.size() - tail.size(), tail.size(), tail) ==
+                   0;
+      };
+      if (!ends_with(".csv") && !ends_with(".json")) {
+        usage_error(fmt::format("--timeline writes FILE.csv or FILE.json, got \"{}\"",
+                                gpumem::detail::printable_excerpt(o.timeline_path)));
+      }
     } else if (arg == "--allocator") {
       o.allocator = value();
       if (o.allocator != "gpumem" && o.allocator != "pytorch" && o.allocator != "cub") {
@@ -244,11 +306,15 @@ options parse_command_line(int argc, char** argv) {
       o.costs = false;
     } else if (arg == "--snapshot-device") {
       const std::string v = value();
-      if (v.empty() || v.size() > 4 || v.find_first_not_of("0123456789") != std::string::npos) {
-        usage_error(fmt::format("--snapshot-device needs a device number, got \"{}\"",
+      if (v == "all") {
+        o.all_devices = true;
+      } else if (v.empty() || v.size() > 4 ||
+                 v.find_first_not_of("0123456789") != std::string::npos) {
+        usage_error(fmt::format("--snapshot-device needs a device number or all, got \"{}\"",
                                 gpumem::detail::printable_excerpt(v)));
+      } else {
+        o.snapshot_device = std::stoi(v);
       }
-      o.snapshot_device = std::stoi(v);
     } else if (arg == "--progress") {
       const std::string v = value();
       if (v == "auto") {
@@ -263,15 +329,27 @@ options parse_command_line(int argc, char** argv) {
       }
     } else if (arg.rfind("-", 0) == 0 && arg != "-") {
       usage_error(fmt::format("unknown option {}", gpumem::detail::printable_excerpt(arg)));
-    } else if (o.trace_path.empty()) {
-      o.trace_path = arg;
     } else {
-      usage_error(fmt::format("one trace at a time: \"{}\" and \"{}\"",
-                              gpumem::detail::printable_excerpt(o.trace_path),
-                              gpumem::detail::printable_excerpt(arg)));
+      o.trace_paths.push_back(arg);
     }
   }
-  if (o.trace_path.empty()) usage_error("no trace given");
+  if (o.trace_paths.empty()) usage_error("no trace given");
+  o.trace_path = o.trace_paths.front();
+  if (o.trace_paths.size() > 1 || o.all_devices) {
+    for (const std::string& p : o.trace_paths) {
+      if (p == "-") usage_error("standard input (-) is read alone: give one trace");
+    }
+    const std::pair<const std::string*, const char*> single[] = {
+        {&o.plot_path, "--plot"},
+        {&o.export_path, "--export-snapshot"},
+        {&o.convert_path, "--convert"},
+        {&o.timeline_path, "--timeline"}};
+    for (const auto& [path, flag] : single) {
+      if (!path->empty()) {
+        usage_error(fmt::format("{} writes one trace's file: give one trace and one device", flag));
+      }
+    }
+  }
   if (o.trace_path == "-" && o.allocator != "gpumem") {
     usage_error(fmt::format("--allocator {} reads the trace from a file, not from standard input",
                             o.allocator));
@@ -279,12 +357,15 @@ options parse_command_line(int argc, char** argv) {
   if (o.allocator != "gpumem") {
     if (!o.plot_path.empty()) usage_error("--plot is only for --allocator gpumem");
     if (!o.export_path.empty()) usage_error("--export-snapshot is only for --allocator gpumem");
+    if (!o.timeline_path.empty()) usage_error("--timeline is only for --allocator gpumem");
     if (o.steps != 0) usage_error("--steps is only for --allocator gpumem");
   }
   if (o.steps != 0 && (!o.plot_path.empty() || !o.export_path.empty() || o.find_min_memory)) {
     usage_error("--steps does not combine with --plot, --export-snapshot or --find-min-memory");
   }
+  o.config_given = !o.configs.empty();
   if (o.compare && o.configs.empty()) {
+    o.compare_defaulted = true;
     if (o.allocator == "pytorch") {
       for (std::string_view c : default_compare_pytorch) o.configs.emplace_back(c);
     } else if (o.allocator == "cub") {
@@ -298,6 +379,10 @@ options parse_command_line(int argc, char** argv) {
   // own configuration (PyTorch's or CUB's syntax).
   if (o.allocator == "gpumem") {
     for (const std::string& text : o.configs) {
+      if (text == "recorded") {  // resolved once the trace is read
+        o.parsed_configs.emplace_back();
+        continue;
+      }
       try {
         o.parsed_configs.push_back(gpumem::allocator_config::parse(text));
       } catch (const gpumem::config_error& e) {
@@ -309,7 +394,8 @@ options parse_command_line(int argc, char** argv) {
   // The search must at least cover the device the user simulates.
   o.min_memory_limit = std::max(o.min_memory_limit, o.device_memory);
   // An output written over the trace would destroy it before (or while) it is read.
-  for (const std::string* output : {&o.convert_path, &o.plot_path, &o.export_path}) {
+  for (const std::string* output :
+       {&o.convert_path, &o.plot_path, &o.export_path, &o.timeline_path}) {
     std::error_code ec;
     if (!output->empty() && std::filesystem::equivalent(*output, o.trace_path, ec)) {
       usage_error(fmt::format("\"{}\" is the trace being read: write the output to another file",
@@ -364,7 +450,8 @@ class progress_bar {
 // --- Running -------------------------------------------------------------------------------------
 
 struct config_run {
-  std::string text;  // as given
+  std::string text;       // as given
+  std::string effective;  // what runs: text, or for "recorded" the settings it stands for
   gpumem::allocator_config config;
   gpumem::replay_result result;
   std::optional<std::size_t> min_device_memory;
@@ -373,6 +460,9 @@ struct config_run {
   /// order (key, JSON value), for --json.
   bool peer = false;
   std::vector<std::pair<std::string, std::string>> peer_fields;
+  /// Out of memory: configurations close to this one that the replay shows would complete
+  /// (max_split_size_mb found by trying, expandable segments, stitch).
+  std::vector<std::string> completes_with;
 };
 
 std::string bytes(std::uint64_t b) {
@@ -416,7 +506,28 @@ void print_trace_header(const options& o, const gpumem::allocation_trace& t,
     fmt::print("         {} blocks were live before recording began; they are allocated first\n",
                t.initial_events);
   }
-  fmt::print("device:  simulated, {}\n", bytes(o.device_memory));
+  if (!o.devices_with_data.empty()) {
+    std::string list;
+    for (int d : o.devices_with_data) list += (list.empty() ? "" : ", ") + std::to_string(d);
+    fmt::print("         devices with data: {}; this is device {}{}\n", list, o.snapshot_device,
+               o.devices_with_data.size() > 1 && !o.all_devices
+                   ? " (--snapshot-device N or all for the others)"
+                   : "");
+  }
+  if (o.overhead != 0) {
+    fmt::print("device:  simulated, {} for the allocator ({}{} minus {} of overhead)\n",
+               bytes(o.device_memory), bytes(o.device_memory + o.overhead),
+               o.device_memory_source.empty() ? "" : " " + o.device_memory_source,
+               bytes(o.overhead));
+  } else {
+    fmt::print("device:  simulated, {}{}\n", bytes(o.device_memory),
+               o.device_memory_source.empty() ? "" : " " + o.device_memory_source);
+  }
+  if (std::find(o.configs.begin(), o.configs.end(), "recorded") != o.configs.end()) {
+    fmt::print("config:  recorded = \"{}\" (the snapshot's allocator_settings: \"{}\")\n",
+               gpumem::detail::printable(o.recorded_effective),
+               gpumem::detail::printable(t.recorded_config));
+  }
   fmt::print("program: peak requested {} (at event {})\n", bytes(c.peak_requested),
              c.peak_requested_event);
   if (c.recorded_peak_reserved) {
@@ -430,6 +541,21 @@ void print_trace_header(const options& o, const gpumem::allocation_trace& t,
     fmt::print("recorded: the recording ran out of memory after event {}\n", *c.recorded_oom_event);
   }
   fmt::print("\n");
+}
+
+// What the replay shows would have completed instead (found by trying).
+void print_completes_with(const config_run& run) {
+  if (run.peer || run.result.completed) return;
+  if (run.completes_with.empty()) {
+    fmt::print(
+        "\ntried: neither a max_split_size_mb, nor expandable segments, nor stitch "
+        "completes on this device\n");
+    return;
+  }
+  fmt::print("\ntried: these complete on this device (each replayed):\n");
+  for (const std::string& c : run.completes_with) {
+    fmt::print("  --config \"{}\"\n", gpumem::detail::printable(c));
+  }
 }
 
 void print_detail(const options& o, const config_run& run, const gpumem::compiled_trace& c) {
@@ -448,6 +574,7 @@ void print_detail(const options& o, const config_run& run, const gpumem::compile
                o.steps != 0 ? fmt::format(", in step {}", r.oom_step + 1) : std::string(),
                bytes(r.oom_request_bytes));
     fmt::print("{}\n", r.oom_message);
+    print_completes_with(run);
     if (!r.memory_summary.empty()) fmt::print("\n{}\n", r.memory_summary);
   }
   fmt::print("peaks:   requested {}, allocated {}, reserved {}; reserved / requested {}\n",
@@ -556,6 +683,7 @@ void print_table(const options& o, const std::vector<config_run>& runs,
     fmt::print("\n--- \"{}\" ran out of memory at event {} ---\n{}\n",
                gpumem::detail::printable(run.text), *run.result.oom_event_index,
                run.result.oom_message);
+    print_completes_with(run);
     if (o.verbose && !run.result.memory_summary.empty()) {
       fmt::print("\n{}\n", run.result.memory_summary);
     }
@@ -564,7 +692,7 @@ void print_table(const options& o, const std::vector<config_run>& runs,
 
 void print_json(const options& o, const std::vector<config_run>& runs,
                 const gpumem::compiled_trace& c, const gpumem::allocation_trace& t) {
-  fmt::print("[\n");
+  if (o.json_objects == nullptr) fmt::print("[\n");
   for (std::size_t i = 0; i < runs.size(); ++i) {
     const config_run& run = runs[i];
     const gpumem::replay_result& r = run.result;
@@ -580,6 +708,7 @@ void print_json(const options& o, const std::vector<config_run>& runs,
     field("allocator", json_string(o.allocator));
     field("policy", json_string(r.policy));
     field("trace", json_string(o.trace_path));
+    if (t.source == "pytorch-snapshot") field("snapshot_device", std::to_string(o.snapshot_device));
     field("device_memory_bytes", std::to_string(o.device_memory));
     field("completed", r.completed ? "true" : "false");
     field("oom_event_index", optional_number(r.oom_event_index));
@@ -627,14 +756,26 @@ void print_json(const options& o, const std::vector<config_run>& runs,
     field("replay_seconds", fmt::format("{:.6f}", r.wall_seconds));
     field("events_per_second", fmt::format("{:.0f}", r.events_per_second()));
     if (o.find_min_memory) field("min_device_memory_bytes", optional_number(run.min_device_memory));
+    if (run.text == "recorded") field("recorded_config", json_string(run.effective));
+    if (!run.peer) {
+      std::string list = "[";
+      for (const std::string& x : run.completes_with) {
+        list += (list.size() > 1 ? ", " : "") + json_string(x);
+      }
+      field("completes_with", list + "]");
+    }
     // What only a peer reports (its own statistics, the simulator's counts by call).
     for (const auto& [key, value] : run.peer_fields) {
       if (obj.find("\"" + key + "\": ") == std::string::npos) field(key, value);
     }
     obj += "}";
-    fmt::print("{}{}\n", obj, i + 1 < runs.size() ? "," : "");
+    if (o.json_objects != nullptr) {
+      o.json_objects->push_back(std::move(obj));
+    } else {
+      fmt::print("{}{}\n", obj, i + 1 < runs.size() ? "," : "");
+    }
   }
-  fmt::print("]\n");
+  if (o.json_objects == nullptr) fmt::print("]\n");
 }
 
 gpumem::memory_curve curve_of(const config_run& run) {
@@ -732,7 +873,7 @@ void export_snapshot(const options& o, const config_run& run, const gpumem::comp
   if (!out) {
     throw std::system_error(errno, std::generic_category(), "cannot write '" + o.export_path + "'");
   }
-  gpumem::write_pytorch_snapshot(out, r.segments, r.history);
+  gpumem::write_pytorch_snapshot(out, r.segments, r.snapshot_trace, r.history.recorded_config);
   out.close();
   if (!out) {
     throw std::system_error(errno, std::generic_category(), "cannot write '" + o.export_path + "'");
@@ -954,8 +1095,8 @@ void run_peer(const options& o, const std::string& path, std::size_t device_memo
   }
   env.push_back(fmt::format("GPUMEM_SIM_MEMORY={}", device_memory));
   const child_output child =
-      run_child({path, "--allocator", o.allocator, "--trace", o.trace_path, "--config", run.text,
-                 "--snapshot-device", std::to_string(o.snapshot_device)},
+      run_child({path, "--allocator", o.allocator, "--trace", o.trace_path, "--config",
+                 run.effective, "--snapshot-device", std::to_string(o.snapshot_device)},
                 env);
   if (child.status == 2) usage_error(peer_message(child.err));
   if (child.status != 0) {
@@ -1001,6 +1142,7 @@ std::optional<std::size_t> find_min_memory_peer(const options& o, const std::str
   auto completes = [&](std::size_t bytes) {
     config_run probe;
     probe.text = run.text;
+    probe.effective = run.effective;
     run_peer(o, path, bytes, probe);
     return probe.result.completed;
   };
@@ -1008,15 +1150,169 @@ std::optional<std::size_t> find_min_memory_peer(const options& o, const std::str
                                           completes);
 }
 
-int run(const options& o) {
+/// What "recorded" stands for: the snapshot's settings on the classic policy (PyTorch's own
+/// allocator; expandable when they set expandable_segments:True). Exits 2 when gpumem cannot run
+/// them.
+gpumem::allocator_config recorded_config(const std::string& settings) {
+  gpumem::allocator_config c;
+  try {
+    c = gpumem::allocator_config::parse(settings);
+  } catch (const gpumem::config_error& e) {
+    usage_error(
+        fmt::format("--config recorded: the snapshot's settings \"{}\" are not a "
+                    "configuration gpumem runs: {}",
+                    gpumem::detail::printable_excerpt(settings), e.what()));
+  }
+  if (c.policy == gpumem::allocator_policy::automatic) {
+    c.policy = c.expandable_segments ? gpumem::allocator_policy::expandable
+                                     : gpumem::allocator_policy::classic;
+  }
+  return c;
+}
+
+/// The configurations close to `run`'s that complete where it ran out of memory, found by
+/// replaying: its own with the largest max_split_size_mb that completes (classic, when unset),
+/// then with the expandable and the stitch policy. As configuration strings.
+std::vector<std::string> find_completing(const options& o, const config_run& run,
+                                         const gpumem::compiled_trace& c) {
+  std::vector<std::string> found;
+  auto completes = [&](const gpumem::allocator_config& cfg) {
+    gpumem::replay_options ro;
+    ro.device_memory = o.device_memory;
+    ro.config = cfg;
+    ro.steps = std::max<std::size_t>(o.steps, 1);
+    if (!o.costs) ro.costs = gpumem::cost_model{};
+    return gpumem::replay_trace(c, ro).completed;
+  };
+  const gpumem::allocator_config& base = run.config;
+  const bool classic = run.result.policy == "classic";
+  if (classic && base.max_split_size == std::numeric_limits<std::size_t>::max()) {
+    for (std::size_t mb : {1024, 512, 256, 128, 64, 32, 21}) {
+      gpumem::allocator_config cfg = base;
+      cfg.max_split_size = mb << 20;
+      if (completes(cfg)) {
+        found.push_back(cfg.to_string());
+        break;
+      }
+    }
+  }
+  for (const auto policy :
+       {gpumem::allocator_policy::expandable, gpumem::allocator_policy::stitch}) {
+    if (run.result.policy == gpumem::to_string(policy)) continue;
+    gpumem::allocator_config cfg = base;
+    cfg.policy = policy;
+    if (completes(cfg)) found.push_back(cfg.to_string());
+  }
+  return found;
+}
+
+/// --timeline: requested, allocated and reserved bytes after each event, per configuration.
+void write_timeline(const options& o, const std::vector<config_run>& runs,
+                    const gpumem::compiled_trace& c) {
+  std::ofstream out(o.timeline_path, std::ios::binary);
+  if (!out) {
+    throw std::system_error(errno, std::generic_category(),
+                            "cannot write '" + o.timeline_path + "'");
+  }
+  const bool csv = o.timeline_path.size() > 4 &&
+                   o.timeline_path.compare(o.timeline_path.size() - 4, 4, ".csv") == 0;
+  const std::size_t n = c.ops.size();
+  auto time_of = [&](std::uint64_t event) -> std::string {
+    if (c.time_us.empty() || n == 0) return {};
+    const std::int64_t t = c.time_us[static_cast<std::size_t>(event % n)];
+    return t == gpumem::no_time ? std::string() : std::to_string(t);
+  };
+  if (csv) {
+    out << "config,policy,event,requested_bytes,allocated_bytes,reserved_bytes,time_us\n";
+    for (const config_run& run : runs) {
+      // A CSV field: quoted, quotes doubled.
+      std::string label = "\"";
+      for (char ch : run.text) label += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+      label += "\"";
+      for (const gpumem::replay_sample& s : run.result.samples) {
+        out << label << ',' << run.result.policy << ',' << s.event_index << ',' << s.requested
+            << ',' << s.allocated << ',' << s.reserved << ',' << time_of(s.event_index) << '\n';
+      }
+    }
+  } else {
+    out << "[\n";
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      const config_run& run = runs[i];
+      auto column = [&](auto field) {
+        std::string list = "[";
+        for (const gpumem::replay_sample& s : run.result.samples) {
+          if (list.size() > 1) list += ",";
+          list += field(s);
+        }
+        return list + "]";
+      };
+      const bool timed = !c.time_us.empty();
+      out << "  {\"config\": " << json_string(run.text)
+          << ", \"policy\": " << json_string(run.result.policy)
+          << ", \"completed\": " << (run.result.completed ? "true" : "false") << ",\n   \"event\": "
+          << column([](const gpumem::replay_sample& s) { return std::to_string(s.event_index); })
+          << ",\n   \"requested_bytes\": "
+          << column([](const gpumem::replay_sample& s) { return std::to_string(s.requested); })
+          << ",\n   \"allocated_bytes\": "
+          << column([](const gpumem::replay_sample& s) { return std::to_string(s.allocated); })
+          << ",\n   \"reserved_bytes\": "
+          << column([](const gpumem::replay_sample& s) { return std::to_string(s.reserved); })
+          << ",\n   \"time_us\": "
+          << (timed ? column([&](const gpumem::replay_sample& s) {
+               const std::string t = time_of(s.event_index);
+               return t.empty() ? std::string("null") : t;
+             })
+                    : std::string("null"))
+          << "}" << (i + 1 < runs.size() ? "," : "") << "\n";
+    }
+    out << "]\n";
+  }
+  out.close();
+  if (!out) {
+    throw std::system_error(errno, std::generic_category(),
+                            "cannot write '" + o.timeline_path + "'");
+  }
+}
+
+/// The devices a PyTorch snapshot file holds data for; empty for other formats (or unreadable).
+std::vector<int> snapshot_devices(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char first = 0;
+  if (!in.get(first) || static_cast<unsigned char>(first) != 0x80) return {};  // not a pickle
+  std::string bytes(1, first);
+  bytes.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  try {
+    return gpumem::pytorch_snapshot_devices(bytes);
+  } catch (const std::exception&) {
+    return {};  // the reader says what is wrong
+  }
+}
+
+int run(options o) {
   const bool peer = o.allocator != "gpumem";
   const std::string peer_file = peer ? peer_path() : std::string();
   if (peer) check_peer(o, peer_file);
   const auto read_start = std::chrono::steady_clock::now();
   // "-" is standard input (replayed as many times as the flags ask: it is read once).
-  const gpumem::allocation_trace trace =
-      o.trace_path == "-" ? gpumem::read_trace(std::cin, "standard input", o.snapshot_device)
-                          : gpumem::read_trace(o.trace_path, o.snapshot_device);
+  if (o.trace_path != "-") {
+    o.devices_with_data = snapshot_devices(o.trace_path);
+  }
+  gpumem::allocation_trace trace;
+  try {
+    trace = o.trace_path == "-" ? gpumem::read_trace(std::cin, "standard input", o.snapshot_device)
+                                : gpumem::read_trace(o.trace_path, o.snapshot_device);
+  } catch (const gpumem::trace_error& e) {
+    if (o.devices_with_data.empty() ||
+        std::find(o.devices_with_data.begin(), o.devices_with_data.end(), o.snapshot_device) !=
+            o.devices_with_data.end()) {
+      throw;
+    }
+    std::string list;
+    for (int d : o.devices_with_data) list += (list.empty() ? "" : ", ") + std::to_string(d);
+    throw gpumem::trace_error(
+        fmt::format("{} (devices with data: {}; see --snapshot-device)", e.what(), list),
+        e.offset());
+  }
   if (!o.convert_path.empty()) {
     std::ofstream out(o.convert_path, std::ios::binary);
     if (!out)
@@ -1037,6 +1333,42 @@ int run(const options& o) {
                  gpumem::detail::printable(o.convert_path).c_str());
     return 0;
   }
+  // The device: given, or what the recording's allocator could have had when it ran out of memory.
+  if (!o.device_memory_given && trace.device_memory && trace.recorded_oom_event) {
+    o.device_memory = static_cast<std::size_t>(*trace.device_memory);
+    o.device_memory_source =
+        "(the recording's at its out-of-memory: its reserved memory plus the device's free memory)";
+  }
+  if (o.overhead >= o.device_memory) {
+    usage_error(fmt::format("--overhead {} leaves nothing of the {} device", bytes(o.overhead),
+                            bytes(o.device_memory)));
+  }
+  o.device_memory -= o.overhead;
+  o.min_memory_limit = std::max(o.min_memory_limit, o.device_memory);
+  // A PyTorch snapshot replays first as it was recorded: "recorded" unless configurations are
+  // given; --compare alone puts it before gpumem's policies.
+  const bool snapshot = trace.source == "pytorch-snapshot";
+  if (snapshot && o.allocator != "cub" && !o.config_given) {
+    if (o.compare_defaulted && o.allocator == "gpumem") {
+      o.configs.insert(o.configs.begin(), "recorded");
+      o.parsed_configs.insert(o.parsed_configs.begin(), gpumem::allocator_config{});
+    } else if (!o.compare) {
+      o.configs = {"recorded"};
+      o.parsed_configs = {gpumem::allocator_config{}};
+    }
+  }
+  if (std::find(o.configs.begin(), o.configs.end(), "recorded") != o.configs.end()) {
+    if (o.allocator == "cub")
+      usage_error("--config recorded: CUB's allocator has no such settings");
+    o.recorded_effective = o.allocator == "gpumem"
+                               ? recorded_config(trace.recorded_config).to_string()
+                               : trace.recorded_config;
+    for (std::size_t i = 0; i < o.configs.size(); ++i) {
+      if (o.configs[i] == "recorded" && o.allocator == "gpumem") {
+        o.parsed_configs[i] = recorded_config(trace.recorded_config);
+      }
+    }
+  }
   const gpumem::compiled_trace compiled = gpumem::compile_trace(trace);
   const double read_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - read_start).count();
@@ -1045,6 +1377,7 @@ int run(const options& o) {
   for (std::size_t i = 0; i < o.configs.size(); ++i) {
     config_run run;
     run.text = o.configs[i];
+    run.effective = run.text == "recorded" ? o.recorded_effective : run.text;
     if (!peer) run.config = o.parsed_configs[i];
     runs.push_back(std::move(run));
   }
@@ -1067,11 +1400,12 @@ int run(const options& o) {
     ro.device_memory = o.device_memory;
     ro.config = run.config;
     if (!o.costs) ro.costs = gpumem::cost_model{};
-    ro.record_samples = !o.plot_path.empty();
+    ro.record_samples = !o.plot_path.empty() || !o.timeline_path.empty();
     ro.steps = std::max<std::size_t>(o.steps, 1);
     progress_bar bar(o.progress, run.text.empty() ? "(default)" : run.text);
     ro.progress = [&bar](std::size_t done, std::size_t total) { bar(done, total); };
     run.result = gpumem::replay_trace(compiled, ro);
+    if (!run.result.completed) run.completes_with = find_completing(o, run, compiled);
     if (o.find_min_memory) {
       run.min_searched = true;
       progress_bar search_bar(o.progress, "min memory " + run.text);
@@ -1083,12 +1417,35 @@ int run(const options& o) {
   }
 
   if (!o.json && peer) print_trace_header(o, trace, compiled);
+  if (o.collected != nullptr) {
+    std::string label = o.trace_path;
+    if (trace.source == "pytorch-snapshot" && (o.all_devices || o.snapshot_device != 0)) {
+      label += fmt::format(" device {}", o.snapshot_device);
+    }
+    o.collected->emplace_back(std::move(label), runs);
+  }
   if (o.json) {
     print_json(o, runs, compiled, trace);
   } else if (runs.size() == 1 && !o.compare) {
     print_detail(o, runs.front(), compiled);
   } else {
     print_table(o, runs, compiled);
+  }
+  // The recording ran out of memory: a replay that completes has not reproduced it.
+  if (compiled.recorded_oom_event) {
+    for (const config_run& run : runs) {
+      if (!run.result.completed) continue;
+      std::fprintf(stderr,
+                   "gpumem-replay: warning: the recording ran out of memory at event %zu, but "
+                   "\"%s\" completes on %s: the replay did not reproduce it (a larger device than "
+                   "the recording had? see --device-memory and --overhead)\n",
+                   *compiled.recorded_oom_event, gpumem::detail::printable(run.text).c_str(),
+                   bytes(o.device_memory).c_str());
+    }
+  }
+  if (!o.timeline_path.empty()) {
+    write_timeline(o, runs, compiled);
+    if (!o.json) fmt::print("\ntimeline: {}\n", o.timeline_path);
   }
   if (!o.plot_path.empty()) {
     write_plot(o, runs, compiled, trace);
@@ -1102,6 +1459,129 @@ int run(const options& o) {
     }
   }
   return 0;
+}
+
+/// Several inputs: a row per input and configuration, then the worst input per configuration (one
+/// that ran out of memory, else the highest minimum device, else the highest peak reserved).
+void print_summary(const options& o,
+                   const std::vector<std::pair<std::string, std::vector<config_run>>>& inputs,
+                   std::size_t given) {
+  std::vector<std::vector<std::string>> rows;
+  rows.push_back(
+      {"trace", "config", "result", "peak requested", "peak reserved", "reserved/requested"});
+  if (o.find_min_memory) rows.front().push_back("min device memory");
+  for (const auto& [label, runs] : inputs) {
+    for (const config_run& run : runs) {
+      const gpumem::replay_result& r = run.result;
+      std::vector<std::string> row = {
+          gpumem::detail::printable(label),
+          run.text.empty() ? "(default)" : gpumem::detail::printable(run.text),
+          r.completed ? "completed" : fmt::format("OOM at event {}", *r.oom_event_index),
+          bytes(r.peak_requested),
+          bytes(r.peak_reserved),
+          ratio(r.peak_reserved, r.peak_requested)};
+      if (o.find_min_memory) {
+        row.push_back(run.min_device_memory ? bytes(*run.min_device_memory)
+                                            : "> " + bytes(o.min_memory_limit));
+      }
+      rows.push_back(std::move(row));
+    }
+  }
+  std::vector<std::size_t> width(rows.front().size(), 0);
+  for (const auto& row : rows) {
+    for (std::size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
+  }
+  fmt::print("\n=== {} traces ===\n", given);
+  if (inputs.size() < given) {
+    fmt::print("({} could not be replayed: see the messages above)\n", given - inputs.size());
+  }
+  for (const auto& row : rows) {
+    std::string line;
+    for (std::size_t i = 0; i < row.size(); ++i) {
+      if (i != 0) line += "  ";
+      line +=
+          i < 3 ? fmt::format("{:<{}}", row[i], width[i]) : fmt::format("{:>{}}", row[i], width[i]);
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    fmt::print("{}\n", line);
+  }
+  // The worst input per configuration (configurations in the first input's order).
+  const std::size_t configs = inputs.empty() ? 0 : inputs.front().second.size();
+  for (std::size_t k = 0; k < configs; ++k) {
+    std::size_t worst = 0;
+    auto badness = [&](std::size_t i) {
+      const config_run& run = inputs[i].second[k];
+      const std::uint64_t min = run.min_searched ? run.min_device_memory.value_or(UINT64_MAX) : 0;
+      return std::make_tuple(!run.result.completed, min, run.result.peak_reserved);
+    };
+    for (std::size_t i = 1; i < inputs.size(); ++i) {
+      if (inputs[i].second.size() == configs && badness(i) > badness(worst)) worst = i;
+    }
+    const config_run& run = inputs[worst].second[k];
+    std::string why = run.result.completed
+                          ? fmt::format("peak reserved {}", bytes(run.result.peak_reserved))
+                          : fmt::format("out of memory at event {}", *run.result.oom_event_index);
+    if (run.min_searched && run.min_device_memory) {
+      why += fmt::format(", needs {}", bytes(*run.min_device_memory));
+    }
+    fmt::print("worst for \"{}\": {} ({})\n",
+               run.text.empty() ? "(default)" : gpumem::detail::printable(run.text),
+               gpumem::detail::printable(inputs[worst].first), why);
+  }
+}
+
+/// Every trace given, each device of each with --snapshot-device all: one run() each; with
+/// several, a summary (or one JSON array of every record).
+int run_all(const options& given) {
+  std::vector<std::pair<std::string, int>> inputs;
+  for (const std::string& path : given.trace_paths) {
+    if (!given.all_devices) {
+      inputs.emplace_back(path, given.snapshot_device);
+      continue;
+    }
+    const std::vector<int> devices = snapshot_devices(path);
+    if (devices.empty()) inputs.emplace_back(path, 0);  // not a snapshot: its one trace
+    for (int d : devices) inputs.emplace_back(path, d);
+  }
+  if (inputs.size() == 1) {
+    options o = given;
+    o.snapshot_device = inputs.front().second;
+    return run(o);
+  }
+  std::vector<std::string> json_objects;
+  std::vector<std::pair<std::string, std::vector<config_run>>> collected;
+  int status = 0;
+  for (const auto& [path, device] : inputs) {
+    options o = given;
+    o.trace_path = path;
+    o.snapshot_device = device;
+    o.json_objects = given.json ? &json_objects : nullptr;
+    o.collected = &collected;
+    if (!given.json) {
+      fmt::print("=== {}{} ===\n", gpumem::detail::printable(path),
+                 given.all_devices ? fmt::format(", device {}", device) : std::string());
+    }
+    try {
+      status = std::max(status, run(o));
+    } catch (const std::system_error& e) {
+      std::fprintf(stderr, "gpumem-replay: %s\n", gpumem::detail::printable(e.what()).c_str());
+      status = 1;
+    } catch (const gpumem::trace_error& e) {
+      std::fprintf(stderr, "gpumem-replay: %s\n", gpumem::detail::printable(e.what()).c_str());
+      status = 1;
+    }
+    if (!given.json) fmt::print("\n");
+  }
+  if (given.json) {
+    fmt::print("[\n");
+    for (std::size_t i = 0; i < json_objects.size(); ++i) {
+      fmt::print("{}{}\n", json_objects[i], i + 1 < json_objects.size() ? "," : "");
+    }
+    fmt::print("]\n");
+  } else if (!collected.empty()) {
+    print_summary(given, collected, inputs.size());
+  }
+  return status;
 }
 
 }  // namespace
@@ -1144,7 +1624,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gpumem-replay: %s%s\n", prefix, gpumem::detail::printable(what).c_str());
   };
   try {
-    return check_output(run(o), writes_stdout);
+    return check_output(run_all(o), writes_stdout);
   } catch (const gpumem::trace_error& e) {
     report("", e.what());
   } catch (const std::system_error& e) {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Parity with PyTorch: replays every bundled trace (examples/traces/*.trace,
-# examples/traces/workloads/*.trace) and every PyTorch snapshot in ../shared/traces (when present)
+# examples/traces/workloads/*.trace) and every PyTorch snapshot in examples/traces/real
 # under gpumem's classic and expandable policies and under PyTorch's own allocator
 # (`gpumem-replay --allocator pytorch`) with its default configuration and with
 # expandable_segments:True, and compares the peak reserved bytes: classic must equal PyTorch's
@@ -26,15 +26,12 @@ fi
 device=${DEVICE_MEMORY:-80GiB}
 shopt -s nullglob
 files=("$src"/examples/traces/*.trace "$src"/examples/traces/workloads/*.trace)
-shared=("$src"/../shared/traces/*.pickle)
-if ((${#shared[@]} == 0)); then
-  echo "parity.sh: no PyTorch snapshots in $src/../shared/traces: comparing the bundled traces only"
-fi
-files+=("${shared[@]}")
-if ((${#files[@]} == 0)); then
-  echo "parity.sh: no traces under $src/examples/traces" >&2
+real=("$src"/examples/traces/real/*.pickle)
+if ((${#files[@]} == 0 || ${#real[@]} == 0)); then
+  echo "parity.sh: missing traces under $src/examples/traces (and real/)" >&2
   exit 1
 fi
+files+=("${real[@]}")
 json=$(mktemp)
 trap 'rm -f "$json"' EXIT
 for f in "${files[@]}"; do

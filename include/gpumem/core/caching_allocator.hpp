@@ -151,7 +151,24 @@ struct segment_snapshot {
   std::size_t reserved_size = 0;
   Stream stream{};
   bool is_small = false;
+  // An address range mapped page by page (the expandable and stitch policies): only the parts in
+  // reserved_ranges hold memory of their own. False: a classic segment, all of it reserved.
+  bool is_expandable = false;
+  // The parts whose memory reserved memory counts, as (address, size), lowest address first:
+  // the whole segment when classic, else the runs of pages counted in reserved_size. What
+  // pytorch.org/memory_viz draws as the segment's memory.
+  std::vector<std::pair<std::uintptr_t, std::size_t>> reserved_ranges;
   std::vector<block_snapshot> blocks;  // in address order
+};
+
+/// A part of the device's memory that reserved memory counts (caching_allocator::reserved_ranges).
+template <class Stream>
+struct reserved_range {
+  std::uintptr_t address = 0;
+  std::size_t size = 0;
+  Stream stream{};
+  bool is_small = false;
+  bool is_expandable = false;  ///< part of a range mapped page by page (expandable, stitch)
 };
 
 /// The three byte counts people watch, current values (what stats() reports in requested_bytes,
@@ -567,7 +584,28 @@ class caching_allocator {
         ss.blocks.push_back(bs);
       }
       ss.reserved_size = s->page_size == 0 ? s->size : reserved_in(*s);
+      ss.is_expandable = s->page_size != 0;
+      for_each_reserved_run(*s, [&](std::uintptr_t address, std::size_t size) {
+        ss.reserved_ranges.emplace_back(address, size);
+      });
       out.push_back(std::move(ss));
+    }
+    return out;
+  }
+
+  /// The memory that reserved memory counts, as address ranges: each classic segment whole, and
+  /// each run of the pages a VMM segment (expandable, stitch) accounts for (under stitch a page
+  /// mapped at several addresses counts where a block uses it, else where it was mapped first).
+  /// Segments in creation order, each one's runs lowest address first; the sizes sum to
+  /// usage().reserved. O(segments + VMM pages): for exports that follow memory event by event.
+  std::vector<reserved_range<stream_type>> reserved_ranges() const {
+    std::lock_guard<detail::spin_mutex> lock(mutex_);
+    std::vector<reserved_range<stream_type>> out;
+    for (const segment_type* s = segments_; s != nullptr; s = s->next) {
+      for_each_reserved_run(*s, [&](std::uintptr_t address, std::size_t size) {
+        out.push_back(reserved_range<stream_type>{address, size, s->owner->stream,
+                                                  s->owner->is_small, s->page_size != 0});
+      });
     }
     return out;
   }
@@ -1443,6 +1481,27 @@ class caching_allocator {
   }
 
   // --- stitch's shared pages
+
+  // Calls f(address, size) for each run of segment s that reserved memory counts: all of a classic
+  // segment, the runs of counted pages of a VMM one (reserved_in's pages).
+  template <class F>
+  void for_each_reserved_run(const segment_type& s, F&& f) const {
+    if (s.page_size == 0) {
+      f(s.ptr, s.size);
+      return;
+    }
+    if constexpr (is_vmm_device_v<Device>) {
+      if (s.mapped_pages == 0) return;
+      std::size_t i = 0;
+      const std::size_t n = s.pages.size();
+      while (i < n) {
+        while (i < n && !vmm_.counted_at(s, i)) ++i;
+        const std::size_t first = i;
+        while (i < n && vmm_.counted_at(s, i)) ++i;
+        if (i > first) f(s.ptr + first * s.page_size, (i - first) * s.page_size);
+      }
+    }
+  }
 
   // The bytes of physical memory VMM segment s accounts for (segment_snapshot::reserved_size).
   std::size_t reserved_in(const segment_type& s) const {

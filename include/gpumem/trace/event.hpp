@@ -75,7 +75,9 @@ struct allocation_trace {
   /// Total memory of the recording device, when known.
   std::optional<std::uint64_t> device_memory;
   /// When the recording itself ran out of memory: the number of events before the request that
-  /// failed (the failed request is not an event).
+  /// failed. The failed request is not an event, except in traces read from PyTorch snapshots,
+  /// whose oom event gives its size: there event recorded_oom_event is that request (an alloc at
+  /// address 0, followed by its free), so that a replay tries it.
   std::optional<std::size_t> recorded_oom_event;
 
   friend bool operator==(const allocation_trace& a, const allocation_trace& b) {

@@ -11,12 +11,20 @@
 //
 // Mapping: alloc, free_requested, free_completed, segment_alloc and segment_free keep their
 // names; segment_map / segment_unmap (expandable segments) become segment_alloc / segment_free;
-// oom and snapshot markers are dropped. Both the old schema (blocks without 'address', 'history'
-// instead of 'frames') and the current one are read. Frames (stack traces) are not kept.
+// snapshot markers are dropped. The first oom event becomes the request that failed, at its place:
+// an alloc of the requested size at address 0 followed by its free (recorded_oom_event is its
+// index), so that a replay tries it; device_memory is then what the allocator could have had,
+// PyTorch's reserved memory at that moment plus the device's free memory ('device_free'). Both the
+// old schema (blocks without 'address', 'history' instead of 'frames') and the current one are
+// read. Frames (stack traces) are not kept.
 //
 // Writing goes the other way: gpumem's segments (caching_allocator::snapshot()) and a history
 // become a snapshot with PyTorch's keys that pytorch.org/memory_viz and torch.cuda._memory_viz
-// open (empty frames).
+// open (empty frames). A VMM segment (expandable, stitch) is written as the parts of it that hold
+// memory (is_expandable, as PyTorch writes expandable segments); a history of
+// snapshot_trace_entry events (a replay's) carries segment and oom events as well, so that
+// memory_viz, which rebuilds the memory at each event from the final segments, shows the
+// allocator's reserved memory at each one.
 #pragma once
 
 #include <algorithm>
@@ -24,6 +32,7 @@
 #include <cstdint>
 #include <istream>
 #include <limits>
+#include <optional>
 #include <ostream>
 #include <stdexcept>
 #include <string>
@@ -43,6 +52,24 @@
 #include "gpumem/trace/trace_input.hpp"
 
 namespace gpumem {
+
+/// One event of a snapshot's device trace as write_pytorch_snapshot writes it, with PyTorch's
+/// actions: the block events, what the allocator did with device memory (segment_alloc /
+/// segment_free for whole segments, segment_map / segment_unmap for the parts of a VMM range
+/// that hold memory) and out-of-memory errors (oom: `address` is the device's free memory,
+/// written as 'device_free'; `size` the request). No time: no 'time_us'.
+struct snapshot_trace_entry {
+  allocator_action action = allocator_action::alloc;
+  std::uint64_t address = 0;
+  std::uint64_t size = 0;
+  std::uint64_t stream = 0;
+  std::int64_t time_us = no_time;
+
+  friend bool operator==(const snapshot_trace_entry& a, const snapshot_trace_entry& b) noexcept {
+    return a.action == b.action && a.address == b.address && a.size == b.size &&
+           a.stream == b.stream && a.time_us == b.time_us;
+  }
+};
 
 namespace detail {
 
@@ -249,6 +276,15 @@ inline allocation_trace pytorch_snapshot_trace(const pickle_value& root, int dev
   };
   std::vector<recorded> history;
   if (events != nullptr) history.reserve(events->size());
+  // The first out-of-memory: where it happened in `history`, the request, the device's free bytes.
+  struct recorded_oom {
+    std::size_t at = 0;
+    std::uint64_t size = 0;
+    std::uint64_t stream = 0;
+    std::int64_t time_us = no_time;
+    std::optional<std::uint64_t> device_free;
+  };
+  std::optional<recorded_oom> oom;
   for (std::size_t ei = 0; events != nullptr && ei < events->size(); ++ei) {
     const pickle_value& e = (*events)[ei];
     const place at{place::what::event, ei, 0, e.offset()};
@@ -259,6 +295,7 @@ inline allocation_trace pytorch_snapshot_trace(const pickle_value& root, int dev
     const pickle_value* size_v = nullptr;
     const pickle_value* stream_v = nullptr;
     const pickle_value* time_v = nullptr;
+    const pickle_value* free_v = nullptr;
     for (const auto& [k, x] : e.as_dict()) {
       if (!k.is_str()) continue;
       const std::string_view key = k.as_str();
@@ -272,6 +309,8 @@ inline allocation_trace pytorch_snapshot_trace(const pickle_value& root, int dev
         stream_v = &x;
       } else if (key == std::string_view("time_us")) {
         time_v = &x;
+      } else if (key == std::string_view("device_free")) {
+        free_v = &x;
       }
     }
     if (action_v == nullptr) snapshot_fail(at, "no 'action'");
@@ -287,7 +326,21 @@ inline allocation_trace pytorch_snapshot_trace(const pickle_value& root, int dev
       ev.kind = trace_event_kind::segment_alloc;
     } else if (action == "segment_free" || action == "segment_unmap") {
       ev.kind = trace_event_kind::segment_free;
-    } else if (action == "oom" || action == "snapshot") {
+    } else if (action == "oom") {
+      if (!oom && size_v != nullptr && size_v->is_int() && size_v->as_int() > 0) {
+        recorded_oom o;
+        o.at = history.size();
+        o.size = snapshot_unsigned(*size_v, "size", at);
+        if (stream_v != nullptr)
+          o.stream = static_cast<std::uint64_t>(snapshot_int(*stream_v, "stream", at));
+        if (time_v != nullptr && time_v->is_int() && time_v->as_int() >= 0) {
+          o.time_us = time_v->as_int();
+        }
+        if (free_v != nullptr) o.device_free = snapshot_unsigned(*free_v, "device_free", at);
+        oom = o;
+      }
+      continue;
+    } else if (action == "snapshot") {
       continue;
     } else {
       snapshot_fail(at, fmt::format("unknown action '{}'", action));
@@ -399,7 +452,28 @@ inline allocation_trace pytorch_snapshot_trace(const pickle_value& root, int dev
           trace_event{trace_event_kind::free_requested, address, b.size, b.stream, no_time});
     }
   }
-  for (const recorded& r : history) trace.events.push_back(r.event);
+  // The request that failed, where it failed (address 0 is never a block's), then its free: a
+  // replay tries it there. What the allocator could have had: its reserved memory then (after the
+  // segments its out-of-memory path freed) and what the device had free.
+  std::uint64_t reserved_then = reserved;
+  for (std::size_t k = 0; k <= history.size(); ++k) {
+    if (oom && oom->at == k) {
+      trace.recorded_oom_event = trace.events.size();
+      trace.events.push_back(
+          trace_event{trace_event_kind::alloc, 0, oom->size, oom->stream, oom->time_us});
+      trace.events.push_back(
+          trace_event{trace_event_kind::free_requested, 0, oom->size, oom->stream, oom->time_us});
+      trace.events.push_back(
+          trace_event{trace_event_kind::free_completed, 0, oom->size, oom->stream, oom->time_us});
+      if (oom->device_free) trace.device_memory = reserved_then + *oom->device_free;
+    }
+    if (k == history.size()) break;
+    const trace_event& ev = history[k].event;
+    if (ev.kind == trace_event_kind::segment_alloc) reserved_then += ev.size;
+    if (ev.kind == trace_event_kind::segment_free)
+      reserved_then -= std::min(reserved_then, ev.size);
+    trace.events.push_back(ev);
+  }
 
   trace.source = "pytorch-snapshot";
   if (const pickle_value* settings = root.find("allocator_settings")) {
@@ -437,6 +511,88 @@ constexpr std::string_view snapshot_state_name(block_state s) noexcept {
   return "inactive";
 }
 
+/// The 'segments' of a snapshot: one dict per part of memory a segment holds (the whole segment
+/// when classic; each of its reserved_ranges when it is a VMM range, is_expandable as PyTorch
+/// writes expandable segments), with the blocks in it; free blocks are cut at the part's edges.
+template <class Stream>
+pickle_value::sequence pytorch_snapshot_segments(
+    const std::vector<segment_snapshot<Stream>>& segments, int device) {
+  using dict = pickle_value::dict_items;
+  using seq = pickle_value::sequence;
+  seq segs;
+  segs.reserve(segments.size());
+  for (const segment_snapshot<Stream>& s : segments) {
+    // A classic segment, or one built by hand without reserved_ranges: all of it.
+    std::vector<std::pair<std::uintptr_t, std::size_t>> whole;
+    if (!s.is_expandable && s.reserved_ranges.empty()) whole.emplace_back(s.address, s.total_size);
+    const auto& parts = whole.empty() ? s.reserved_ranges : whole;
+    for (const auto& [lo, part_size] : parts) {
+      const std::uint64_t hi = static_cast<std::uint64_t>(lo) + part_size;
+      seq blocks;
+      std::uint64_t allocated = 0;
+      std::uint64_t active = 0;
+      std::uint64_t requested = 0;
+      for (const block_snapshot& b : s.blocks) {
+        const std::uint64_t b_lo = std::max<std::uint64_t>(b.address, lo);
+        const std::uint64_t b_hi = std::min<std::uint64_t>(std::uint64_t{b.address} + b.size, hi);
+        if (b_lo >= b_hi) continue;
+        const bool live = b.state != block_state::inactive;
+        if (live && (b_lo != b.address || b_hi != b.address + b.size)) {
+          throw std::invalid_argument(fmt::format(
+              "write_pytorch_snapshot: the {} block at 0x{:x} ({} bytes) is not inside one "
+              "reserved range of its segment",
+              snapshot_state_name(b.state), b.address, b.size));
+        }
+        if (b.state == block_state::active_allocated) allocated += b.size;
+        if (live) {
+          active += b.size;
+          requested += b.requested_size;
+        }
+        blocks.push_back(pickle_value::make_dict(dict{
+            {"address", snapshot_int_value(b_lo, "block address")},
+            {"size", snapshot_int_value(b_hi - b_lo, "block size")},
+            {"requested_size",
+             snapshot_int_value(live ? b.requested_size : 0, "block requested_size")},
+            {"state", pickle_value(snapshot_state_name(b.state))},
+            {"frames", pickle_value::make_list()},
+        }));
+      }
+      segs.push_back(pickle_value::make_dict(dict{
+          {"device", pickle_value(device)},
+          {"address", snapshot_int_value(lo, "segment address")},
+          {"total_size", snapshot_int_value(part_size, "segment total_size")},
+          {"allocated_size", snapshot_int_value(allocated, "segment allocated_size")},
+          {"active_size", snapshot_int_value(active, "segment active_size")},
+          {"requested_size", snapshot_int_value(requested, "segment requested_size")},
+          {"stream", pickle_value(static_cast<std::int64_t>(snapshot_stream_id(s.stream)))},
+          {"segment_type", pickle_value(s.is_small ? "small" : "large")},
+          {"segment_pool_id", pickle_value::make_tuple(seq{pickle_value(0), pickle_value(0)})},
+          {"is_expandable", pickle_value(s.is_expandable)},
+          {"frames", pickle_value::make_list()},
+          {"blocks", pickle_value::make_list(std::move(blocks))},
+      }));
+    }
+  }
+  return segs;
+}
+
+/// The whole snapshot: segments, one device trace (earlier devices' are empty), settings.
+inline pickle_value pytorch_snapshot_dict(pickle_value::sequence segs,
+                                          pickle_value::sequence events,
+                                          const std::string& allocator_settings, int device) {
+  using dict = pickle_value::dict_items;
+  using seq = pickle_value::sequence;
+  seq traces;
+  for (int d = 0; d < device; ++d) traces.push_back(pickle_value::make_list());
+  traces.push_back(pickle_value::make_list(std::move(events)));
+  return pickle_value::make_dict(dict{
+      {"segments", pickle_value::make_list(std::move(segs))},
+      {"device_traces", pickle_value::make_list(std::move(traces))},
+      {"allocator_settings",
+       pickle_value::make_dict(dict{{"PYTORCH_CUDA_ALLOC_CONF", allocator_settings}})},
+  });
+}
+
 /// The snapshot written by write_pytorch_snapshot, as a value.
 template <class Stream>
 pickle_value pytorch_snapshot_value(const std::vector<segment_snapshot<Stream>>& segments,
@@ -453,37 +609,6 @@ pickle_value pytorch_snapshot_value(const std::vector<segment_snapshot<Stream>>&
   const auto stream_value = [](std::uint64_t id) {
     return pickle_value(static_cast<std::int64_t>(id));
   };
-
-  seq segs;
-  segs.reserve(segments.size());
-  for (const segment_snapshot<Stream>& s : segments) {
-    seq blocks;
-    blocks.reserve(s.blocks.size());
-    for (const block_snapshot& b : s.blocks) {
-      blocks.push_back(pickle_value::make_dict(dict{
-          {"address", snapshot_int_value(b.address, "block address")},
-          {"size", snapshot_int_value(b.size, "block size")},
-          {"requested_size", snapshot_int_value(b.requested_size, "block requested_size")},
-          {"state", pickle_value(snapshot_state_name(b.state))},
-          {"frames", pickle_value::make_list()},
-      }));
-    }
-    segs.push_back(pickle_value::make_dict(dict{
-        {"device", pickle_value(device)},
-        {"address", snapshot_int_value(s.address, "segment address")},
-        {"total_size", snapshot_int_value(s.total_size, "segment total_size")},
-        {"allocated_size", snapshot_int_value(s.allocated_size, "segment allocated_size")},
-        {"active_size", snapshot_int_value(s.active_size, "segment active_size")},
-        {"requested_size", snapshot_int_value(s.requested_size, "segment requested_size")},
-        {"stream", stream_value(snapshot_stream_id(s.stream))},
-        {"segment_type", pickle_value(s.is_small ? "small" : "large")},
-        {"segment_pool_id", pickle_value::make_tuple(seq{pickle_value(0), pickle_value(0)})},
-        {"is_expandable", pickle_value(false)},
-        {"frames", pickle_value::make_list()},
-        {"blocks", pickle_value::make_list(std::move(blocks))},
-    }));
-  }
-
   seq events;
   events.reserve(history.events.size() - history.initial_events);
   for (std::size_t i = history.initial_events; i < history.events.size(); ++i) {
@@ -502,16 +627,58 @@ pickle_value pytorch_snapshot_value(const std::vector<segment_snapshot<Stream>>&
     e.emplace_back("frames", pickle_value::make_list());
     events.push_back(pickle_value::make_dict(std::move(e)));
   }
-  seq traces;
-  for (int d = 0; d < device; ++d) traces.push_back(pickle_value::make_list());
-  traces.push_back(pickle_value::make_list(std::move(events)));
+  return pytorch_snapshot_dict(pytorch_snapshot_segments(segments, device), std::move(events),
+                               history.recorded_config, device);
+}
 
-  return pickle_value::make_dict(dict{
-      {"segments", pickle_value::make_list(std::move(segs))},
-      {"device_traces", pickle_value::make_list(std::move(traces))},
-      {"allocator_settings",
-       pickle_value::make_dict(dict{{"PYTORCH_CUDA_ALLOC_CONF", history.recorded_config}})},
-  });
+constexpr std::string_view snapshot_action_name(allocator_action a) noexcept {
+  switch (a) {
+    case allocator_action::alloc:
+      return "alloc";
+    case allocator_action::free_requested:
+      return "free_requested";
+    case allocator_action::free_completed:
+      return "free_completed";
+    case allocator_action::segment_alloc:
+      return "segment_alloc";
+    case allocator_action::segment_free:
+      return "segment_free";
+    case allocator_action::segment_map:
+      return "segment_map";
+    case allocator_action::segment_unmap:
+      return "segment_unmap";
+    case allocator_action::oom:
+      return "oom";
+  }
+  return "oom";
+}
+
+/// The snapshot written by write_pytorch_snapshot from snapshot_trace_entry events, as a value.
+template <class Stream>
+pickle_value pytorch_snapshot_value(const std::vector<segment_snapshot<Stream>>& segments,
+                                    const std::vector<snapshot_trace_entry>& trace,
+                                    const std::string& allocator_settings, int device) {
+  if (device < 0) {
+    throw std::invalid_argument(fmt::format("write_pytorch_snapshot: device {} < 0", device));
+  }
+  using dict = pickle_value::dict_items;
+  using seq = pickle_value::sequence;
+  seq events;
+  events.reserve(trace.size());
+  for (const snapshot_trace_entry& ev : trace) {
+    const bool oom = ev.action == allocator_action::oom;
+    dict e{
+        {"action", pickle_value(snapshot_action_name(ev.action))},
+        {oom ? "device_free" : "addr", snapshot_int_value(ev.address, "event address")},
+        {"size", snapshot_int_value(ev.size, "event size")},
+        {"stream", pickle_value(static_cast<std::int64_t>(ev.stream))},
+    };
+    if (ev.time_us != no_time) e.emplace_back("time_us", pickle_value(ev.time_us));
+    e.emplace_back("frames", pickle_value::make_list());
+    events.push_back(pickle_value::make_dict(std::move(e)));
+  }
+  return pytorch_snapshot_dict(pytorch_snapshot_segments(segments, device), std::move(events),
+                               allocator_settings, device);
 }
 
 }  // namespace detail
@@ -555,6 +722,35 @@ inline allocation_trace read_pytorch_snapshot(const std::string& path, int devic
   }
 }
 
+/// The devices a snapshot pickle (a whole file's bytes) holds data for: those of its segments and
+/// those whose device trace has events, in increasing order. Throws trace_error when the bytes are
+/// not a pickle of the supported subset or have no 'segments' list.
+inline std::vector<int> pytorch_snapshot_devices(std::string_view bytes) {
+  const detail::pickle_value root = detail::unpickle(bytes);
+  std::vector<int> devices;
+  const detail::pickle_value* segments = root.is_dict() ? root.find("segments") : nullptr;
+  if (segments == nullptr || !segments->is_list()) {
+    throw trace_error("PyTorch snapshot: no 'segments' list", 0);
+  }
+  for (const detail::pickle_value& seg : segments->as_list()) {
+    const detail::pickle_value* d = seg.is_dict() ? seg.find("device") : nullptr;
+    const std::int64_t device = d != nullptr && d->is_int() ? d->as_int() : 0;
+    if (device >= 0 && device <= std::numeric_limits<int>::max()) {
+      devices.push_back(static_cast<int>(device));
+    }
+  }
+  if (const detail::pickle_value* traces = root.find("device_traces");
+      traces != nullptr && traces->is_list()) {
+    const auto& list = traces->as_list();
+    for (std::size_t d = 0; d < list.size() && d <= std::numeric_limits<int>::max(); ++d) {
+      if (list[d].is_list() && !list[d].as_list().empty()) devices.push_back(static_cast<int>(d));
+    }
+  }
+  std::sort(devices.begin(), devices.end());
+  devices.erase(std::unique(devices.begin(), devices.end()), devices.end());
+  return devices;
+}
+
 /// Writes a snapshot pickle (protocol 4) of `segments` (caching_allocator::snapshot(), the state
 /// at the end of `history`) and `history`'s events after its initial ones, for `device` (earlier
 /// devices get empty traces). pytorch.org/memory_viz opens it; read_pytorch_snapshot reads it
@@ -570,6 +766,22 @@ void write_pytorch_snapshot(std::ostream& out,
                             const std::vector<segment_snapshot<Stream>>& segments,
                             const allocation_trace& history, int device = 0) {
   detail::pickle_dump(out, detail::pytorch_snapshot_value(segments, history, device), 4);
+}
+
+/// As above, with the events of `trace` (snapshot_trace_entry: segment and oom events as well,
+/// what a replay records with replay_options::record_history) and `allocator_settings` as
+/// PYTORCH_CUDA_ALLOC_CONF. Segments are written as the parts of memory that reserved memory
+/// counts (segment_snapshot::reserved_ranges), so that memory_viz, which rebuilds the memory at
+/// each event from the final segments by undoing the events, shows the allocator's reserved
+/// memory. Throws std::invalid_argument as above, and when a live block is not inside one of its
+/// segment's reserved ranges.
+template <class Stream>
+void write_pytorch_snapshot(std::ostream& out,
+                            const std::vector<segment_snapshot<Stream>>& segments,
+                            const std::vector<snapshot_trace_entry>& trace,
+                            const std::string& allocator_settings, int device = 0) {
+  detail::pickle_dump(
+      out, detail::pytorch_snapshot_value(segments, trace, allocator_settings, device), 4);
 }
 
 }  // namespace gpumem

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -27,6 +28,7 @@
 #include "gpumem/device/simulated_device.hpp"
 #include "gpumem/error.hpp"
 #include "gpumem/trace/event.hpp"
+#include "gpumem/trace/pytorch_snapshot.hpp"
 
 namespace gpumem {
 
@@ -59,6 +61,8 @@ struct compiled_trace {
   std::size_t recorded_segment_allocs = 0;
   std::size_t recorded_segment_frees = 0;
   std::optional<std::size_t> recorded_oom_event;
+  /// Each event's recorded time (trace_event::time_us), when any event has one; else empty.
+  std::vector<std::int64_t> time_us;
 };
 
 /// Validates `trace` (validate_trace) and prepares it for replay. Throws trace_error, also when
@@ -89,6 +93,12 @@ inline compiled_trace compile_trace(const allocation_trace& trace) {
   std::uint64_t requested = 0;
   std::optional<std::uint64_t> reserved = trace.recorded_initial_reserved;
   std::uint64_t recorded_peak = reserved.value_or(0);
+  for (const trace_event& e : trace.events) {
+    if (e.time_us == no_time) continue;
+    out.time_us.reserve(trace.events.size());
+    for (const trace_event& t : trace.events) out.time_us.push_back(t.time_us);
+    break;
+  }
   for (std::size_t i = 0; i < trace.events.size(); ++i) {
     const trace_event& e = trace.events[i];
     compiled_trace::op& o = out.ops[i];
@@ -176,7 +186,8 @@ struct replay_options {
   /// Keep the segments after this event (or at the OOM, whichever comes first).
   std::optional<std::size_t> snapshot_after_event;
   /// Keep what the program did as a trace with the addresses this allocator handed out
-  /// (replay_result::history; with `segments`, what write_pytorch_snapshot exports).
+  /// (replay_result::history), and the same with what the allocator did with device memory
+  /// (replay_result::snapshot_trace; with `segments`, what write_pytorch_snapshot exports).
   bool record_history = false;
   /// Called every few ten thousand events with (events done, events in all); may be empty.
   std::function<void(std::size_t, std::size_t)> progress;
@@ -221,7 +232,16 @@ struct replay_result {
   std::vector<replay_sample> samples;
   std::optional<std::size_t> snapshot_event;  ///< the event after which `segments` was taken
   std::vector<segment_snapshot<simulated_stream>> segments;
-  allocation_trace history;         ///< with replay_options::record_history, up to the OOM if any
+  allocation_trace history;  ///< with replay_options::record_history, up to the OOM if any
+  /// With replay_options::record_history: the events of a PyTorch snapshot's device trace, after
+  /// the trace's initial events, up to the OOM: the block events (record_stream and empty_cache
+  /// excepted), and after each operation the changes in the memory that reserved memory counts
+  /// (caching_allocator::reserved_ranges: segment_alloc / segment_free for classic segments,
+  /// segment_map / segment_unmap for parts of VMM ranges; before the alloc event, after the free
+  /// events), and an oom event at the OOM. Times: the trace's, where recorded.
+  std::vector<snapshot_trace_entry> snapshot_trace;
+  /// For each snapshot_trace entry, the trace event (counted across steps) that made it.
+  std::vector<std::size_t> snapshot_trace_event;
   std::vector<step_figures> steps;  ///< one per step replayed (the step that ran out included)
 
   std::size_t device_alloc_calls() const noexcept { return calls.malloc + calls.mem_create; }
@@ -232,6 +252,54 @@ struct replay_result {
 };
 
 namespace detail {
+
+/// What changed between two reserved_ranges() lists, as snapshot events appended to `out`: the
+/// memory given back first, then the memory obtained. A classic segment (is_expandable false)
+/// comes or goes whole (segment_alloc / segment_free); the parts of VMM ranges are compared as
+/// address intervals (segment_map / segment_unmap of what differs).
+inline void append_reserved_changes(const std::vector<reserved_range<simulated_stream>>& before,
+                                    const std::vector<reserved_range<simulated_stream>>& after,
+                                    std::int64_t time_us, std::vector<snapshot_trace_entry>& out) {
+  using range = reserved_range<simulated_stream>;
+  auto by_address = [](const range* a, const range* b) { return a->address < b->address; };
+  std::vector<const range*> a;
+  std::vector<const range*> b;
+  for (const range& r : before) a.push_back(&r);
+  for (const range& r : after) b.push_back(&r);
+  std::sort(a.begin(), a.end(), by_address);
+  std::sort(b.begin(), b.end(), by_address);
+  // The parts of each range of `from` that no range of `other` covers (VMM), or the ranges that
+  // `other` does not have exactly (classic).
+  auto missing = [&](const std::vector<const range*>& from, const std::vector<const range*>& other,
+                     allocator_action whole, allocator_action part) {
+    std::size_t j = 0;
+    for (const range* r : from) {
+      while (j < other.size() && other[j]->address + other[j]->size <= r->address) ++j;
+      if (!r->is_expandable) {
+        bool same = false;
+        for (std::size_t k = j; k < other.size() && other[k]->address <= r->address; ++k) {
+          if (other[k]->address == r->address && other[k]->size == r->size &&
+              !other[k]->is_expandable) {
+            same = true;
+          }
+        }
+        if (!same) out.push_back({whole, r->address, r->size, r->stream.id, time_us});
+        continue;
+      }
+      std::uintptr_t at = r->address;
+      const std::uintptr_t end = r->address + r->size;
+      for (std::size_t k = j; k < other.size() && other[k]->address < end && at < end; ++k) {
+        const range* o = other[k];
+        if (o->address + o->size <= at) continue;
+        if (o->address > at) out.push_back({part, at, o->address - at, r->stream.id, time_us});
+        at = std::max(at, o->address + o->size);
+      }
+      if (at < end) out.push_back({part, at, end - at, r->stream.id, time_us});
+    }
+  };
+  missing(a, b, allocator_action::segment_free, allocator_action::segment_unmap);
+  missing(b, a, allocator_action::segment_alloc, allocator_action::segment_map);
+}
 
 /// Appends what op `o` did to `history`, with the address the allocator under test handed out.
 inline void record(allocation_trace& history, const compiled_trace::op& o, void* ptr,
@@ -293,6 +361,67 @@ inline replay_result replay_trace(const compiled_trace& trace, const replay_opti
     const std::size_t n = trace.ops.size();
     if (options.record_samples) r.samples.reserve(n * steps);
     constexpr std::size_t progress_every = std::size_t{1} << 16;
+    // record_history: the memory reserved memory counts after the last operation, the oom events
+    // the allocator reported during the current one, and each slot's stream.
+    std::vector<reserved_range<simulated_stream>> ranges;
+    std::vector<snapshot_trace_entry> ooms;
+    std::vector<std::uint32_t> slot_stream;
+    std::size_t memory_calls_seen = 0;  // device calls that obtain or give back memory, so far
+    if (options.record_history) {
+      slot_stream.assign(trace.allocations, 0);
+      alloc.set_event_observer([&ooms](const allocator_event<simulated_stream>& e) {
+        if (e.action == allocator_action::oom) {
+          ooms.push_back({allocator_action::oom, e.address, e.size, e.stream.id, no_time});
+        }
+      });
+    }
+    // After operation `o` (trace event i, `global` across steps; `ptr` its block): its events for
+    // snapshot_trace, with the changes in reserved memory it made.
+    auto record_snapshot = [&](const compiled_trace::op& o, std::size_t i, std::size_t global,
+                               void* ptr, bool oom) {
+      const std::int64_t t = trace.time_us.empty() ? no_time : trace.time_us[i];
+      // Classic and expandable change their memory only through device calls; stitch also moves
+      // shared pages from range to range without any.
+      const std::size_t calls = device.counters().memory_calls();
+      std::vector<reserved_range<simulated_stream>> now =
+          calls != memory_calls_seen || r.policy == "stitch" ? alloc.reserved_ranges() : ranges;
+      memory_calls_seen = calls;
+      const auto address = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(ptr));
+      std::vector<snapshot_trace_entry>& out = r.snapshot_trace;
+      auto block_event = [&](allocator_action a) {
+        out.push_back({a, address, o.size, streams[slot_stream[o.slot]].id, t});
+      };
+      switch (o.kind) {
+        case op_kind::alloc:
+          detail::append_reserved_changes(ranges, now, t, out);
+          if (!oom) block_event(allocator_action::alloc);
+          break;
+        case op_kind::release:
+          block_event(allocator_action::free_requested);
+          break;
+        case op_kind::free:
+          block_event(allocator_action::free_completed);
+          detail::append_reserved_changes(ranges, now, t, out);
+          break;
+        case op_kind::release_free:
+          block_event(allocator_action::free_requested);
+          block_event(allocator_action::free_completed);
+          detail::append_reserved_changes(ranges, now, t, out);
+          break;
+        case op_kind::record_stream:
+        case op_kind::empty_cache:
+        case op_kind::none:
+          detail::append_reserved_changes(ranges, now, t, out);
+          break;
+      }
+      for (snapshot_trace_entry& e : ooms) {
+        e.time_us = t;
+        out.push_back(e);
+      }
+      ooms.clear();
+      ranges = std::move(now);
+      r.snapshot_trace_event.resize(out.size(), global);
+    };
     const auto start = std::chrono::steady_clock::now();
     std::size_t done = 0;  // events replayed, all steps
     for (std::size_t step = 0; step < steps && !r.oom_event_index; ++step) {
@@ -301,6 +430,15 @@ inline replay_result replay_trace(const compiled_trace& trace, const replay_opti
       for (std::size_t i = 0; i < n; ++i) {
         const compiled_trace::op& o = trace.ops[i];
         void* const before_op = slots[o.slot];  // the block a free frees (for the history)
+        // Events are kept from the end of the initial ones (the state before recording began).
+        const bool snapshot_events =
+            options.record_history && (step > 0 || i >= trace.initial_events);
+        if (options.record_history && step == 0 && i == trace.initial_events) {
+          ranges = alloc.reserved_ranges();
+          memory_calls_seen = device.counters().memory_calls();
+          ooms.clear();
+        }
+        if (options.record_history && o.kind == op_kind::alloc) slot_stream[o.slot] = o.stream;
         switch (o.kind) {
           case op_kind::alloc:
             try {
@@ -340,8 +478,12 @@ inline replay_result replay_trace(const compiled_trace& trace, const replay_opti
           case op_kind::none:
             break;
         }
-        if (r.oom_event_index) break;
         const std::size_t global = step * n + i;
+        if (snapshot_events) {
+          record_snapshot(o, i, global, o.kind == op_kind::alloc ? slots[o.slot] : before_op,
+                          r.oom_event_index.has_value());
+        }
+        if (r.oom_event_index) break;
         if (options.record_history) {
           detail::record(r.history, o, o.kind == op_kind::alloc ? slots[o.slot] : before_op,
                          streams);
@@ -368,12 +510,23 @@ inline replay_result replay_trace(const compiled_trace& trace, const replay_opti
                 {trace_event_kind::free_requested, address, unreleased[slot], 0, no_time});
             r.history.events.push_back(
                 {trace_event_kind::free_completed, address, unreleased[slot], 0, no_time});
+            const std::uint64_t stream = streams[slot_stream[slot]].id;
+            r.snapshot_trace.push_back(
+                {allocator_action::free_requested, address, unreleased[slot], stream, no_time});
+            r.snapshot_trace.push_back(
+                {allocator_action::free_completed, address, unreleased[slot], stream, no_time});
           }
           alloc.deallocate(slots[slot]);
           slots[slot] = nullptr;
           requested -= unreleased[slot];
           unreleased[slot] = 0;
         }
+      }
+      if (options.record_history && !r.oom_event_index && step + 1 < steps) {
+        std::vector<reserved_range<simulated_stream>> now = alloc.reserved_ranges();
+        detail::append_reserved_changes(ranges, now, no_time, r.snapshot_trace);
+        ranges = std::move(now);
+        r.snapshot_trace_event.resize(r.snapshot_trace.size(), (step + 1) * n - 1);
       }
       if (options.check_invariants) alloc.check_invariants();
       step_figures f;
@@ -384,6 +537,7 @@ inline replay_result replay_trace(const compiled_trace& trace, const replay_opti
     }
     r.wall_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (options.record_history) alloc.set_event_observer({});  // before `ooms` goes
     r.events_replayed = done;
     if (options.record_history) {
       r.history.initial_events = std::min(trace.initial_events, done);
