@@ -245,4 +245,20 @@ INSTANTIATE_TEST_SUITE_P(Vmm, ThrowingObserver,
                                                               allocator_action::segment_map,
                                                               allocator_action::segment_unmap)));
 
+// The names PyTorch's trace entries use (TraceEntry::Action), one per action, as the snapshot
+// export and the adapter's skip_actions both read them.
+TEST(AllocatorAction, NamesArePyTorchsTraceEntryActions) {
+  using gpumem::allocator_action;
+  const std::pair<allocator_action, const char*> names[] = {
+      {allocator_action::alloc, "alloc"},
+      {allocator_action::free_requested, "free_requested"},
+      {allocator_action::free_completed, "free_completed"},
+      {allocator_action::segment_alloc, "segment_alloc"},
+      {allocator_action::segment_free, "segment_free"},
+      {allocator_action::segment_map, "segment_map"},
+      {allocator_action::segment_unmap, "segment_unmap"},
+      {allocator_action::oom, "oom"}};
+  for (const auto& [action, name] : names) EXPECT_EQ(gpumem::to_string(action), name);
+}
+
 }  // namespace

@@ -30,6 +30,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -190,6 +191,29 @@ enum class allocator_action {
   segment_unmap,   ///< pages unmapped from a VMM range
   oom              ///< an out_of_memory about to be thrown (address: device free bytes)
 };
+
+/// The action's name in PyTorch's trace entries ("alloc", "segment_map", ...).
+constexpr std::string_view to_string(allocator_action a) noexcept {
+  switch (a) {
+    case allocator_action::alloc:
+      return "alloc";
+    case allocator_action::free_requested:
+      return "free_requested";
+    case allocator_action::free_completed:
+      return "free_completed";
+    case allocator_action::segment_alloc:
+      return "segment_alloc";
+    case allocator_action::segment_free:
+      return "segment_free";
+    case allocator_action::segment_map:
+      return "segment_map";
+    case allocator_action::segment_unmap:
+      return "segment_unmap";
+    case allocator_action::oom:
+      return "oom";
+  }
+  return "oom";
+}
 
 /// One allocator_action with its address, size and stream, passed to an event observer.
 template <class Stream>

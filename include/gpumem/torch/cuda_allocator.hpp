@@ -162,28 +162,6 @@ inline c10_alloc::TraceEntry::Action trace_action(allocator_action a) noexcept {
   return A::ALLOC;
 }
 
-inline const char* trace_action_name(allocator_action a) noexcept {
-  switch (a) {
-    case allocator_action::alloc:
-      return "alloc";
-    case allocator_action::free_requested:
-      return "free_requested";
-    case allocator_action::free_completed:
-      return "free_completed";
-    case allocator_action::segment_alloc:
-      return "segment_alloc";
-    case allocator_action::segment_free:
-      return "segment_free";
-    case allocator_action::segment_map:
-      return "segment_map";
-    case allocator_action::segment_unmap:
-      return "segment_unmap";
-    case allocator_action::oom:
-      return "oom";
-  }
-  return "";
-}
-
 inline void copy_stat(const stat& from, ::c10::CachingAllocator::Stat& to) noexcept {
   to.current += from.current;
   to.peak += from.peak;
@@ -1066,7 +1044,7 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     skip_ = 0;
     for (const std::string& name : skip_actions) {
       for (int a = 0; a <= static_cast<int>(allocator_action::oom); ++a) {
-        if (name == detail::trace_action_name(static_cast<allocator_action>(a))) skip_ |= 1u << a;
+        if (name == gpumem::to_string(static_cast<allocator_action>(a))) skip_ |= 1u << a;
       }
     }
     if (clear_history) {

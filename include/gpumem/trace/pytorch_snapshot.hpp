@@ -631,28 +631,6 @@ pickle_value pytorch_snapshot_value(const std::vector<segment_snapshot<Stream>>&
                                history.recorded_config, device);
 }
 
-constexpr std::string_view snapshot_action_name(allocator_action a) noexcept {
-  switch (a) {
-    case allocator_action::alloc:
-      return "alloc";
-    case allocator_action::free_requested:
-      return "free_requested";
-    case allocator_action::free_completed:
-      return "free_completed";
-    case allocator_action::segment_alloc:
-      return "segment_alloc";
-    case allocator_action::segment_free:
-      return "segment_free";
-    case allocator_action::segment_map:
-      return "segment_map";
-    case allocator_action::segment_unmap:
-      return "segment_unmap";
-    case allocator_action::oom:
-      return "oom";
-  }
-  return "oom";
-}
-
 /// The snapshot written by write_pytorch_snapshot from snapshot_trace_entry events, as a value.
 template <class Stream>
 pickle_value pytorch_snapshot_value(const std::vector<segment_snapshot<Stream>>& segments,
@@ -668,7 +646,7 @@ pickle_value pytorch_snapshot_value(const std::vector<segment_snapshot<Stream>>&
   for (const snapshot_trace_entry& ev : trace) {
     const bool oom = ev.action == allocator_action::oom;
     dict e{
-        {"action", pickle_value(snapshot_action_name(ev.action))},
+        {"action", pickle_value(gpumem::to_string(ev.action))},
         {oom ? "device_free" : "addr", snapshot_int_value(ev.address, "event address")},
         {"size", snapshot_int_value(ev.size, "event size")},
         {"stream", pickle_value(static_cast<std::int64_t>(ev.stream))},
