@@ -418,9 +418,11 @@ TEST_F(CudaSimCapture, TheLegacyStreamConflictsWithABlockingCapture) {
 }
 
 TEST_F(CudaSimCapture, BeginAndEndFollowTheRules) {
-  int bad_mode = 7;
+  // Not one of the three modes, yet a value the enumeration can hold (its enumerators 0..2 give it
+  // the range 0..3; a value past that would be undefined behaviour in the caller already).
+  int bad_mode = 3;
   cudaStreamCaptureMode mode{};
-  std::memcpy(&mode, &bad_mode, sizeof mode);  // a value outside the enumeration
+  std::memcpy(&mode, &bad_mode, sizeof mode);
   EXPECT_EQ(cudaStreamBeginCapture(s_, mode), cudaErrorInvalidValue);
   cudaGraph_t g = nullptr;
   EXPECT_EQ(cudaStreamEndCapture(s_, &g), cudaErrorIllegalState);  // not capturing
