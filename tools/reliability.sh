@@ -86,7 +86,7 @@ if CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebIn
   printf '%s' "max_split_size_mb:128,roundup_power2_divisions:[256:1,512:2,>:4]" >"$corpus/config/a"
   printf '%s' "expandable_segments:True,garbage_collection_threshold:0.6,policy:stitch" >"$corpus/config/b"
   printf '%s' "per_process_memory_fraction:0.5,pinned_num_register_threads:8" >"$corpus/config/c"
-  # RMM CSV and PyTorch pickle seeds: a bundled trace converted and exported by gpumem-replay.
+  # The RMM CSV seed: a bundled trace converted by gpumem-replay.
   if cmake -S . -B build-asan >/dev/null 2>&1 && [ -x build-asan/tools/replay/gpumem-replay ]; then
     replay=build-asan/tools/replay/gpumem-replay
     seed=examples/traces/resnet50-b32.trace
