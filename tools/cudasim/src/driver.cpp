@@ -229,6 +229,8 @@ constexpr proc procs[] = {
     {"cuMemAddressFree", 10020, "cuMemAddressFree"},
     {"cuMemCreate", 10020, "cuMemCreate"},
     {"cuMemRelease", 10020, "cuMemRelease"},
+    {"cuMemExportToShareableHandle", 10020, "cuMemExportToShareableHandle"},
+    {"cuMemImportFromShareableHandle", 10020, "cuMemImportFromShareableHandle"},
     {"cuMemMap", 10020, "cuMemMap"},
     {"cuMemUnmap", 10020, "cuMemUnmap"},
     {"cuMemSetAccess", 10020, "cuMemSetAccess"},
@@ -734,8 +736,13 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
       [&](simulator& sim) -> int {
         if (handle == nullptr || flags != 0) return invalid_value;
         if (const int s = check_prop(sim, prop); s != ok) return s;
+        // No simulated device has fabric handles (CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED
+        // is 0): asking for one is refused as on such a GPU, which PyTorch and gpumem fall back
+        // from to POSIX file descriptors.
+        const auto types = static_cast<unsigned>(prop->requestedHandleTypes);
+        if ((types & static_cast<unsigned>(CU_MEM_HANDLE_TYPE_FABRIC)) != 0) return not_supported;
         std::uint64_t h = 0;
-        const int s = sim.create_physical(prop->location.id, size, h);
+        const int s = sim.create_physical(prop->location.id, size, types, h);
         if (s == ok) *handle = static_cast<CUmemGenericAllocationHandle>(h);
         return s;
       });
@@ -745,6 +752,39 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   return driver_call(
       "cuMemRelease", needs::init, [&] { return fmt::format("{:#x}", handle); },
       [&](simulator& sim) -> int { return sim.release_physical(handle); });
+}
+
+CUresult cuMemExportToShareableHandle(void* shareable, CUmemGenericAllocationHandle handle,
+                                      CUmemAllocationHandleType type, unsigned long long flags) {
+  return driver_call(
+      "cuMemExportToShareableHandle", needs::init,
+      [&] {
+        return fmt::format("{}, {:#x}, {}, {}", ptr(shareable), handle, static_cast<int>(type),
+                           flags);
+      },
+      [&](simulator& sim) -> int {
+        if (shareable == nullptr || flags != 0) return invalid_value;
+        int fd = -1;
+        const int s = sim.export_handle(handle, static_cast<unsigned>(type), fd);
+        if (s == ok) *static_cast<int*>(shareable) = fd;
+        return s;
+      });
+}
+
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, void* os_handle,
+                                        CUmemAllocationHandleType type) {
+  return driver_call(
+      "cuMemImportFromShareableHandle", needs::init,
+      [&] { return fmt::format("&handle, {}, {}", ptr(os_handle), static_cast<int>(type)); },
+      [&](simulator& sim) -> int {
+        if (handle == nullptr) return invalid_value;
+        // A POSIX file descriptor travels in the pointer's bits (cuda.h).
+        const int fd = static_cast<int>(reinterpret_cast<std::uintptr_t>(os_handle));
+        std::uint64_t h = 0;
+        const int s = sim.import_handle(fd, static_cast<unsigned>(type), h);
+        if (s == ok) *handle = static_cast<CUmemGenericAllocationHandle>(h);
+        return s;
+      });
 }
 
 CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,

@@ -216,10 +216,9 @@ inline constexpr attribute_value device_attributes[] = {
     {CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, 1},
     {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, 232448},
     {CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED, 1},
-    {CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-     1},  // cuMemCreate accepts the request (PyTorch makes it); exporting handles is not
-          // implemented.
-    // cuMemCreate accepts the request (PyTorch makes it); exporting handles is not implemented.
+    {CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 1},
+    // VMM memory exported as POSIX file descriptors and imported again in the same process
+    // (cuMemExportToShareableHandle / cuMemImportFromShareableHandle); no fabric handles.
     {CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, 1},
     {CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR, 32},
     {CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE, 0},

@@ -62,6 +62,9 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "gpumem/detail/size_units.hpp"
 #include "gpumem/device/simulated_device.hpp"
@@ -424,16 +427,20 @@ class simulator {
     return ok;
   }
 
-  /// cuMemCreate on `device`: *out = a handle that names the device (0 when out of memory).
-  status create_physical(int device, std::size_t size, std::uint64_t& out) {
+  /// cuMemCreate on `device` with the shareable handle types `handle_types` requested
+  /// (CUmemAllocationHandleType bits): *out = a handle that names the device (0 when out of
+  /// memory).
+  status create_physical(int device, std::size_t size, unsigned handle_types, std::uint64_t& out) {
     std::lock_guard<std::mutex> lock(mutex_);
     const simulated_device::physical_handle h = dev(device).mem->create_physical(size);
     if (h == simulated_device::invalid_physical_handle) return out_of_memory;
     out = (static_cast<std::uint64_t>(device) << handle_device_shift) | h;
+    handles_[out] = handle_state{handle_types, 0};
     return ok;
   }
 
-  /// cuMemRelease.
+  /// cuMemRelease. A handle imported again (import_handle) counts once per import: the memory
+  /// goes with the last release (and the last unmap).
   status release_physical(std::uint64_t handle) {
     std::lock_guard<std::mutex> lock(mutex_);
     const int d = handle_device(handle);
@@ -441,7 +448,87 @@ class simulator {
       throw cuda_error(invalid_handle,
                        fmt::format("cuMemRelease(handle={:#x}): unknown handle", handle));
     }
+    const auto it = handles_.find(handle);
+    if (it != handles_.end() && it->second.imports > 0) {
+      --it->second.imports;
+      return ok;
+    }
     dev(d).mem->release_physical(handle & handle_local_mask);
+    if (it != handles_.end()) handles_.erase(it);
+    for (auto e = exported_.begin(); e != exported_.end();) {
+      e = e->second == handle ? exported_.erase(e) : std::next(e);
+    }
+    return ok;
+  }
+
+  /// cuMemExportToShareableHandle(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR): a new file
+  /// descriptor (a memfd standing for the allocation; the caller closes it) for a live handle
+  /// created with that type requested. Fabric handles are not simulated (no device has them).
+  status export_handle(std::uint64_t handle, unsigned type, int& fd) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = handles_.find(handle);
+    if (it == handles_.end()) {
+      throw cuda_error(invalid_handle, fmt::format("cuMemExportToShareableHandle(handle={:#x}): "
+                                                   "unknown or released handle",
+                                                   handle));
+    }
+    if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+      throw cuda_error(not_supported,
+                       fmt::format("cuMemExportToShareableHandle: handle type {} is not "
+                                   "simulated (POSIX file descriptors only)",
+                                   type));
+    }
+    if ((it->second.types & type) == 0) {
+      throw cuda_error(invalid_value,
+                       fmt::format("cuMemExportToShareableHandle(handle={:#x}): the memory was "
+                                   "created without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR in "
+                                   "requestedHandleTypes",
+                                   handle));
+    }
+    const int made = ::memfd_create("cudasim-vmm-handle", MFD_CLOEXEC);
+    if (made < 0)
+      throw cuda_error(out_of_memory, "cuMemExportToShareableHandle: memfd_create failed");
+    struct stat st {};
+    if (::fstat(made, &st) != 0) {
+      ::close(made);
+      throw cuda_error(unknown, "cuMemExportToShareableHandle: fstat failed");
+    }
+    exported_[{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)}] =
+        handle;
+    fd = made;
+    return ok;
+  }
+
+  /// cuMemImportFromShareableHandle of a file descriptor export_handle made in this process (or a
+  /// duplicate of it, as pidfd_getfd or SCM_RIGHTS give): the same allocation, one more reference
+  /// to release. Descriptors from another process cannot be simulated (each process has its own
+  /// simulated GPU): CUDA_ERROR_INVALID_VALUE.
+  status import_handle(int fd, unsigned type, std::uint64_t& out) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+      throw cuda_error(not_supported,
+                       fmt::format("cuMemImportFromShareableHandle: handle type {} is not "
+                                   "simulated (POSIX file descriptors only)",
+                                   type));
+    }
+    struct stat st {};
+    if (fd < 0 || ::fstat(fd, &st) != 0) {
+      throw cuda_error(invalid_value,
+                       fmt::format("cuMemImportFromShareableHandle: {} is not an open file "
+                                   "descriptor",
+                                   fd));
+    }
+    const auto e = exported_.find(
+        {static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)});
+    if (e == exported_.end()) {
+      throw cuda_error(invalid_value,
+                       fmt::format("cuMemImportFromShareableHandle: file descriptor {} names no "
+                                   "live allocation this process exported (the simulator cannot "
+                                   "import another process's memory)",
+                                   fd));
+    }
+    ++handles_.at(e->second).imports;
+    out = e->second;
     return ok;
   }
 
@@ -2024,6 +2111,14 @@ class simulator {
   double host_now_ = 0;                // the host clock
   vclock host_order_;                  // the work the host has seen complete
   std::vector<pending_work> pending_;  // work with ranges the host has not seen complete
+
+  // VMM handles: the shareable types requested at creation, and imports still to be released.
+  struct handle_state {
+    unsigned types = 0;
+    std::uint32_t imports = 0;
+  };
+  std::unordered_map<std::uint64_t, handle_state> handles_;
+  std::map<std::pair<std::uint64_t, std::uint64_t>, std::uint64_t> exported_;  // (dev, inode)
 
   std::unordered_map<std::uint64_t, capture_state> captures_;  // under way (incl. invalidated)
   std::unordered_map<std::uintptr_t, graph_state> graphs_;
