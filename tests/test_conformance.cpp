@@ -283,6 +283,32 @@ TYPED_TEST(Conformance, WorkBetweenAllocationsAndFreesWithCrossStreamRecordStrea
   tr::drop(d, side);
 }
 
+// Stitch maps the free pages of a block cached on one stream into a request of another (no new
+// memory): the GPU must order the second stream's work after the first's (cudaStreamWaitEvent),
+// which the simulator checks on the physical pages, whatever address each stream uses.
+TYPED_TEST(Conformance, APageReusedByAnotherStreamWaitsForTheFirstOnTheGpu) {
+  using tr = typename TestFixture::traits;
+  auto& d = *this->device_;
+  auto alloc = this->make_allocator();
+  auto first = tr::stream(d);
+  auto second = tr::stream(d);
+  void* x = alloc->allocate(8 * MiB, first);
+  this->work(first, x, 8 * MiB);
+  alloc->deallocate(x);  // cached, its work still queued
+  const std::size_t reserved = alloc->usage().reserved;
+  void* y = alloc->allocate(8 * MiB, second);
+  if (TypeParam::policy == gpumem::allocator_policy::stitch) {
+    EXPECT_EQ(alloc->usage().reserved, reserved);  // the pages were shared, not created
+  }
+  this->work(second, y, 8 * MiB);
+  alloc->deallocate(y);
+  tr::synchronize(d);
+  alloc->empty_cache();
+  alloc->check_invariants();
+  tr::drop(d, first);
+  tr::drop(d, second);
+}
+
 // torch.cuda.graph's allocator calls: the default pool's allocator and a private pool's, both
 // told that a capture is under way; during it no event is queried or recorded by the allocator,
 // a block used on the capturing stream and freed waits for the end, empty_cache is refused, and

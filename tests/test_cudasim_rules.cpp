@@ -314,6 +314,46 @@ TEST_F(CudaSimRules, UnorderedStreamsTouchingTheSameBytesRace) {
   EXPECT_EQ(cudaFree(p), cudaSuccess);
 }
 
+TEST_F(CudaSimRules, OnePageMappedAtTwoAddressesRacesThroughEither) {
+  // gpumem's stitch policy maps a free physical page at a second address: work through the two
+  // addresses touches the same bytes, and must be ordered as if it used one address.
+  vmm_memory m(0, 2 * MiB, {0});
+  CUdeviceptr second = 0;
+  ASSERT_EQ(cuMemAddressReserve(&second, 2 * MiB, 0, 0, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemMap(second, 2 * MiB, 0, m.handle, 0), CUDA_SUCCESS);
+  CUmemAccessDesc desc{};
+  desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  desc.location.id = 0;
+  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  ASSERT_EQ(cuMemSetAccess(second, 2 * MiB, &desc, 1), CUDA_SUCCESS);
+  char* first = static_cast<char*>(m.ptr());
+  char* other = static_cast<char*>(as_pointer(second));
+
+  ASSERT_EQ(launch_work(a_, {writes(first + MiB, 4096)}), cudaSuccess);
+  ASSERT_EQ(launch_work(b_, {reads(other + MiB + 1024, 16)}), cudaSuccess);
+  EXPECT_EQ(counters().violations_race, 1u);
+  const std::string text = last_violation();
+  EXPECT_TRUE(contains(text, "reads [" + hex(other + MiB + 1024))) << text;
+  EXPECT_TRUE(contains(text, "writes [" + hex(first + MiB))) << text;
+  EXPECT_TRUE(contains(text, "the same physical memory")) << text;
+  reset_violations();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  // Kept: ordered by an event (what stitch's cudaStreamWaitEvent does); other bytes of the page.
+  cudaEvent_t e = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(launch_work(a_, {writes(first, MiB)}), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(e, a_), cudaSuccess);
+  ASSERT_EQ(cudaStreamWaitEvent(b_, e, 0), cudaSuccess);
+  ASSERT_EQ(launch_work(b_, {writes(other, MiB)}), cudaSuccess);
+  ASSERT_EQ(launch_work(a_, {writes(first + MiB, 64)}), cudaSuccess);
+  EXPECT_EQ(violations(), 0u) << last_violation();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cudaEventDestroy(e), cudaSuccess);
+  EXPECT_EQ(cuMemUnmap(second, 2 * MiB), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemAddressFree(second, 2 * MiB), CUDA_SUCCESS);
+}
+
 TEST_F(CudaSimRules, TheLegacyStreamOrdersBlockingStreamsOnly) {
   cudaStream_t blocking = nullptr;
   ASSERT_EQ(cudaStreamCreate(&blocking), cudaSuccess);

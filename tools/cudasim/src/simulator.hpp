@@ -1521,6 +1521,15 @@ class simulator {
     unsigned flags;
     bool allocated;  // cudaHostAlloc (true) or cudaHostRegister (false)
   };
+  // Bytes of physical memory a work touches: a VMM handle and offsets in it, or (handle 0) the
+  // addresses themselves for memory that is not a VMM mapping.
+  struct physical_range {
+    std::uint64_t handle;
+    std::uintptr_t begin;
+    std::uintptr_t end;
+    bool write;
+    std::size_t index;  // of the touched range it comes from
+  };
   struct pending_work {
     stream_id stream;
     std::uint64_t seq;
@@ -1528,6 +1537,7 @@ class simulator {
     double end;
     std::string what;
     std::vector<touched_range> ranges;
+    std::vector<physical_range> physical;
   };
   enum class node_kind : std::uint8_t { work, event_record, event_wait };
   struct graph_node {
@@ -1882,34 +1892,83 @@ class simulator {
     }
   }
 
-  // A new work: its ranges, its races with work of other streams it is not ordered after, and
-  // its place among the work the host has not seen complete.
+  // The physical memory under `ranges`, as the mappings are now. Two VMM ranges that map one
+  // physical page (gpumem's stitch policy maps a free page at a second address) then name the
+  // same bytes, as they are on the GPU.
+  std::vector<physical_range> physical_locked(const std::vector<touched_range>& ranges) {
+    std::vector<physical_range> out;
+    for (std::size_t i = 0; i < ranges.size(); ++i) {
+      const touched_range& r = ranges[i];
+      const int o = owner(reinterpret_cast<const void*>(r.begin));
+      std::uintptr_t x = r.begin;
+      while (x < r.end) {
+        if (o >= 0) {
+          const device_state& d = dev(o);
+          const auto map = containing(d.mappings, x, &mapping_size);
+          if (map != d.mappings.end()) {
+            const std::uintptr_t stop = std::min(r.end, map->first + map->second.size);
+            out.push_back({map->second.handle, x - map->first, stop - map->first, r.write, i});
+            x = stop;
+            continue;
+          }
+          // Up to the next mapping (or the end): memory that is what its address says.
+          const auto next = d.mappings.upper_bound(x);
+          const std::uintptr_t stop =
+              next == d.mappings.end() ? r.end : std::min(r.end, next->first);
+          out.push_back({0, x, stop, r.write, i});
+          x = stop;
+          continue;
+        }
+        out.push_back({0, x, r.end, r.write, i});
+        x = r.end;
+      }
+    }
+    return out;
+  }
+
+  // A new work: its ranges, its races with work of other streams it is not ordered after (on
+  // the physical memory the ranges map to), and its place among the work the host has not seen
+  // complete.
   void check_work_locked(const stream_state& s, const work_spec& w, double end) {
     for (const touched_range& r : w.ranges) check_access_locked(s, w.what, r);
+    std::vector<physical_range> physical = physical_locked(w.ranges);
     // One report per new work: its first conflict with earlier work it is not ordered after.
     for (const pending_work& p : pending_) {
       if (p.stream == s.id || s.order.get(p.stream) >= p.seq) continue;
-      for (const touched_range& a : w.ranges) {
-        for (const touched_range& b : p.ranges) {
-          if (!overlaps(a.begin, a.end, b.begin, b.end) || (!a.write && !b.write)) continue;
+      for (const physical_range& a : physical) {
+        for (const physical_range& b : p.physical) {
+          if (a.handle != b.handle || !overlaps(a.begin, a.end, b.begin, b.end) ||
+              (!a.write && !b.write)) {
+            continue;
+          }
           const stream_state& other = streams_.at(p.stream);
-          report_locked(violation::race, -1,
-                        fmt::format("race: {} on {} {} {} while {} on {} {} {}, and no event, "
-                                    "wait or synchronisation orders the two",
-                                    w.what, describe(s), a.write ? "writes" : "reads",
-                                    show(a.begin, a.end), p.what, describe(other),
-                                    b.write ? "writes" : "reads", show(b.begin, b.end)));
-          remember_locked(s, w, end);
+          const touched_range& ra = w.ranges[a.index];
+          const touched_range& rb = p.ranges[b.index];
+          report_locked(
+              violation::race, -1,
+              fmt::format("race: {} on {} {} {} while {} on {} {} {}{}, and no event, wait or "
+                          "synchronisation orders the two",
+                          w.what, describe(s), a.write ? "writes" : "reads", show(ra.begin, ra.end),
+                          p.what, describe(other), b.write ? "writes" : "reads",
+                          show(rb.begin, rb.end),
+                          a.handle != 0 && !overlaps(ra.begin, ra.end, rb.begin, rb.end)
+                              ? fmt::format(" (the same physical memory, handle {:#x}, mapped at "
+                                            "both addresses)",
+                                            a.handle)
+                              : std::string()));
+          remember_locked(s, w, end, std::move(physical));
           return;
         }
       }
     }
-    remember_locked(s, w, end);
+    remember_locked(s, w, end, std::move(physical));
   }
 
-  void remember_locked(const stream_state& s, const work_spec& w, double end) {
+  void remember_locked(const stream_state& s, const work_spec& w, double end,
+                       std::vector<physical_range> physical) {
     if (!w.ranges.empty()) {
-      pending_.push_back(pending_work{s.id, s.seq, s.device, end, w.what, w.ranges});
+      pending_.push_back(
+          pending_work{s.id, s.seq, s.device, end, w.what, w.ranges, std::move(physical)});
     }
   }
 
