@@ -16,7 +16,10 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <unistd.h>
 
+#include "gpumem/core/caching_allocator.hpp"
+#include "gpumem/device/shared_block.hpp"
 #include "gpumem/device/simulated_device.hpp"
 
 namespace {
@@ -221,6 +224,159 @@ TEST(CudaVmmDevice, MappedMemoryIsUsableOnTheGpu) {
   d.unmap(va, 2 * g);
   d.release_physical(h);
   d.free_address(va, 2 * g);
+}
+
+bool on_the_simulator() {
+  cudaDeviceProp props{};
+  return cudaGetDeviceProperties(&props, 0) == cudaSuccess &&
+         std::string(props.name).rfind("gpumem simulated GPU", 0) == 0;
+}
+
+std::size_t used_bytes(cuda_vmm_device& d) {
+  std::size_t free_bytes = 0;
+  std::size_t total = 0;
+  d.memory_info(free_bytes, total);
+  return total - free_bytes;
+}
+
+// --- Sharing VMM memory (export / import, share_block / opened_block) ---------------------------
+
+TEST(CudaVmmDevice, AnExportedPageImportsAsTheSamePhysicalMemory) {
+  GPUMEM_REQUIRE_VMM_GPU();
+  cuda_vmm_device d(0);
+  ASSERT_EQ(d.shareable_handle_type(), cuda_vmm_device::shareable_handle::posix_fd);
+  const std::size_t g = d.granularity();
+  const std::size_t before = used_bytes(d);
+  const auto h = d.create_physical(g);
+  ASSERT_NE(h, cuda_vmm_device::invalid_physical_handle);
+  const int fd = d.export_handle(h);
+  ASSERT_GE(fd, 0);
+  const auto imported = d.import_handle(fd);
+  ::close(fd);
+  const std::uintptr_t va = d.reserve_address(g);
+  d.map(va, g, 0, imported);
+  d.set_access(va, g);
+  EXPECT_LE(used_bytes(d), before + g + 64 * MiB);  // one page, not two (others may move a little)
+  // The memory lives while a handle or a mapping does: releasing the creator's handle frees
+  // nothing, the last release after the unmap frees it.
+  d.release_physical(h);
+  ASSERT_EQ(cudaMemset(reinterpret_cast<void*>(va), 0x11, g), cudaSuccess);
+  d.synchronize();
+  d.unmap(va, g);
+  d.release_physical(imported);
+  d.free_address(va, g);
+  EXPECT_LE(used_bytes(d), before + 64 * MiB);
+  if (on_the_simulator()) {
+    EXPECT_EQ(used_bytes(d), before);
+  }
+}
+
+TEST(CudaVmmDevice, MemoryCreatedWithoutAHandleTypeIsNotExported) {
+  GPUMEM_REQUIRE_VMM_GPU();
+  cuda_vmm_device d(0, cuda_vmm_device::shareable_handle::none);
+  const auto h = d.create_physical(d.granularity());
+  ASSERT_NE(h, cuda_vmm_device::invalid_physical_handle);
+  try {
+    (void)d.export_handle(h);
+    ADD_FAILURE() << "exported memory created without a shareable handle type";
+  } catch (const cuda_error& e) {
+    EXPECT_NE(std::string(e.what()).find("cuMemExportToShareableHandle"), std::string::npos)
+        << e.what();
+  }
+  d.release_physical(h);
+}
+
+TEST(CudaVmmDevice, FabricHandlesFallBackToFileDescriptorsWhereRefused) {
+  GPUMEM_REQUIRE_VMM_GPU();
+  cuda_vmm_device d(0, cuda_vmm_device::shareable_handle::fabric);
+  const auto h = d.create_physical(d.granularity());
+  ASSERT_NE(h, cuda_vmm_device::invalid_physical_handle);
+  if (on_the_simulator()) {  // no simulated GPU has fabric handles
+    EXPECT_EQ(d.shareable_handle_type(), cuda_vmm_device::shareable_handle::posix_fd);
+  }
+  if (d.shareable_handle_type() == cuda_vmm_device::shareable_handle::posix_fd) {
+    const int fd = d.export_handle(h);
+    EXPECT_GE(fd, 0);
+    ::close(fd);
+  }
+  d.release_physical(h);
+}
+
+class ShareBlock : public ::testing::TestWithParam<gpumem::allocator_policy> {};
+
+TEST_P(ShareBlock, TheConsumerMapsTheBlocksPagesAtItsOwnAddress) {
+  GPUMEM_REQUIRE_VMM_GPU();
+  gpumem::allocator_config config;
+  config.policy = GetParam();
+  cuda_vmm_device producer(0);
+  gpumem::caching_allocator<cuda_vmm_device> allocator(producer, config);
+  const std::size_t g = allocator.device().granularity();
+  const std::size_t size = 5 * g + 12345;
+  void* ptr = allocator.allocate(size);
+  ASSERT_EQ(cudaMemset(ptr, 0x5a, size), cudaSuccess);
+  gpumem::shared_block shared = allocator.share_block(ptr);
+  EXPECT_EQ(shared.size, size);
+  ASSERT_GT(shared.page_size, 0u);
+  EXPECT_EQ(shared.fds.size(), (shared.offset + size + shared.page_size - 1) / shared.page_size);
+  const std::size_t used = used_bytes(allocator.device());
+  {
+    cuda_vmm_device consumer_device(0);
+    gpumem::opened_block<cuda_vmm_device> view(consumer_device, shared);
+    gpumem::close_descriptors(shared);
+    EXPECT_TRUE(shared.fds.empty());
+    EXPECT_NE(view.data(), ptr);
+    EXPECT_EQ(view.size(), size);
+    EXPECT_LE(used_bytes(allocator.device()), used + 64 * MiB);  // no new memory
+    // The view is mapped and accessible over the whole block (the simulator checks every byte).
+    ASSERT_EQ(cudaMemset(view.data(), 0x33, size), cudaSuccess);
+    std::vector<unsigned char> host(4096, 0);
+    ASSERT_EQ(cudaMemcpy(host.data(), static_cast<unsigned char*>(ptr) + size - host.size(),
+                         host.size(), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    if (!on_the_simulator()) {  // the producer's address sees what the consumer wrote
+      for (unsigned char c : host) ASSERT_EQ(c, 0x33);
+    }
+    allocator.device().synchronize();
+  }
+  allocator.deallocate(ptr);
+  allocator.empty_cache();
+  allocator.check_invariants();
+}
+
+TEST_P(ShareBlock, ABlockOfTheClassicPolicyOrAFreedOneIsRefused) {
+  GPUMEM_REQUIRE_VMM_GPU();
+  gpumem::allocator_config config;
+  config.policy = GetParam();
+  cuda_vmm_device producer(0);
+  gpumem::caching_allocator<cuda_vmm_device> allocator(producer, config);
+  void* ptr = allocator.allocate(3 * MiB);
+  allocator.deallocate(ptr);
+  EXPECT_THROW((void)allocator.share_block(ptr), gpumem::usage_error);
+}
+
+std::string policy_name(const ::testing::TestParamInfo<gpumem::allocator_policy>& p) {
+  return std::string(gpumem::to_string(p.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(VmmPolicies, ShareBlock,
+                         ::testing::Values(gpumem::allocator_policy::expandable,
+                                           gpumem::allocator_policy::stitch),
+                         policy_name);
+
+TEST(ShareBlockClassic, ClassicSegmentsAreSharedWithCudaIpcInstead) {
+  GPUMEM_REQUIRE_VMM_GPU();
+  gpumem::allocator_config config;
+  config.policy = gpumem::allocator_policy::classic;
+  cuda_vmm_device producer(0);
+  gpumem::caching_allocator<cuda_vmm_device> allocator(producer, config);
+  void* ptr = allocator.allocate(3 * MiB);
+  try {
+    (void)allocator.share_block(ptr);
+    ADD_FAILURE() << "classic memory exported as VMM pages";
+  } catch (const gpumem::usage_error& e) {
+    EXPECT_NE(std::string(e.what()).find("cudaIpcGetMemHandle"), std::string::npos) << e.what();
+  }
+  allocator.deallocate(ptr);
 }
 
 TEST(CudaVmmDevice, CreateBeyondDeviceMemoryReturnsTheInvalidHandle) {

@@ -46,6 +46,7 @@
 #include "gpumem/core/detail/vmm_pages.hpp"
 #include "gpumem/core/size_policy.hpp"
 #include "gpumem/device/device.hpp"
+#include "gpumem/device/shared_block.hpp"
 #include "gpumem/error.hpp"
 #include "gpumem/report/memory_summary.hpp"
 #include "gpumem/report/oom_report.hpp"
@@ -641,6 +642,48 @@ class caching_allocator {
     const block_type* b = allocated_.find(reinterpret_cast<std::uintptr_t>(ptr));
     if (b == nullptr) throw usage_error(fmt::format("gpumem: {} is not a live allocation", ptr));
     return {reinterpret_cast<void*>(b->seg->ptr), b->seg->size};
+  }
+
+  /// The physical pages under live allocation `ptr`, exported for another process to open with
+  /// opened_block (gpumem/device/shared_block.hpp, which says what both sides must agree on): one
+  /// POSIX file descriptor per page covering the block, in address order, owned by the caller.
+  /// For the expandable and stitch policies on a device that exports handles (cuda_vmm_device).
+  /// Throws usage_error for a pointer that is not a live allocation, or for memory that cannot be
+  /// shared this way (classic cudaMalloc segments: cudaIpcGetMemHandle shares them); cuda_error
+  /// when the driver refuses (memory created without a shareable handle type), with every
+  /// descriptor made so far closed.
+  shared_block share_block(void* ptr) const {
+    std::lock_guard<detail::spin_mutex> lock(mutex_);
+    const block_type* b = allocated_.find(reinterpret_cast<std::uintptr_t>(ptr));
+    if (b == nullptr) throw usage_error(fmt::format("gpumem: {} is not a live allocation", ptr));
+    if constexpr (is_vmm_device_v<Device> && detail::has_export_handle_v<Device>) {
+      const segment_type& s = *b->seg;
+      if (s.page_size != 0) {
+        const auto [first, last] = page_span(b);
+        shared_block out;
+        out.offset = b->ptr - (s.ptr + first * s.page_size);
+        out.size = b->requested_size;
+        out.page_size = s.page_size;
+        try {
+          for (std::size_t i = first; i < last; ++i) {
+            const auto handle =
+                static_cast<typename Device::physical_handle>(vmm_.page(s.pages[i]).handle);
+            out.fds.push_back(device_.export_handle(handle));
+          }
+        } catch (...) {
+          close_descriptors(out);
+          throw;
+        }
+        return out;
+      }
+    }
+    throw usage_error(fmt::format(
+        "gpumem: share_block({}): only the expandable and stitch policies on a CUDA VMM device "
+        "export their memory as file descriptors; policy {} {}",
+        ptr, to_string(policy_),
+        is_vmm_device_v<Device> && detail::has_export_handle_v<Device>
+            ? "keeps this block in a cudaMalloc segment (share it with cudaIpcGetMemHandle)"
+            : "runs on a device that exports no handles"));
   }
 
   /// Whether `ptr` is a live allocation of this allocator.

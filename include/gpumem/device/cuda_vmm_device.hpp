@@ -34,8 +34,10 @@
 //    CU_MEM_HANDLE_TYPE_FABRIC with IMEX channels), cuMemExportToShareableHandle, passing the file
 //    descriptor to the other process (a Unix socket, or pidfd_getfd),
 //    cuMemImportFromShareableHandle there, then cuMemMap + cuMemSetAccess there too.
-//    cuda_vmm_device requests no handle type (CU_MEM_HANDLE_TYPE_NONE), so its memory cannot be
-//    exported at all.
+//    cuda_vmm_device requests POSIX file descriptors by default, as PyTorch's expandable segments
+//    do (shareable_handle: fabric on request, none to opt out), and exports and imports them
+//    (export_handle / import_handle); caching_allocator::share_block exports the pages under one
+//    block and gpumem/device/shared_block.hpp opens them in the receiving process.
 //  * What that means for PyTorch users: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True puts
 //    tensors in exactly this kind of memory. Sharing such tensors between processes
 //    (torch.multiprocessing queues, torch.multiprocessing.reductions.reduce_tensor as used for
@@ -45,9 +47,9 @@
 //    the receiver with pidfd_getfd (pytorch/pytorch#130890), which needs ptrace permission over the
 //    producer and fails in many containers ("pidfd_getfd: Operation not permitted",
 //    pytorch/pytorch#165685). Transports that probe for CUDA IPC may also silently fall back to
-//    slow copies for VMM memory (ai-dynamo/nixl#1754). An allocator built on cuda_vmm_device is in
-//    the position of expandable segments without IPC: processes that share GPU tensors through CUDA
-//    IPC must use cudaMalloc segments (cuda_device, the classic policy) for the memory they share.
+//    slow copies for VMM memory (ai-dynamo/nixl#1754). Libraries that insist on legacy CUDA IPC
+//    (cudaIpcGetMemHandle) need cudaMalloc segments (cuda_device, the classic policy) for the
+//    memory they share.
 //  * Other devices see the memory only after cuMemSetAccess grants them access (peer access enabled
 //    with cudaDeviceEnablePeerAccess does not apply); set_access grants this device only,
 //    grant_access any device (caching_allocator::add_peer_access grants its peers every page).
@@ -110,6 +112,8 @@ struct cuda_driver_api {
   PFN_cuMemMap_v10020 mem_map = nullptr;
   PFN_cuMemUnmap_v10020 mem_unmap = nullptr;
   PFN_cuMemSetAccess_v10020 mem_set_access = nullptr;
+  PFN_cuMemExportToShareableHandle_v10020 mem_export_to_shareable_handle = nullptr;
+  PFN_cuMemImportFromShareableHandle_v10020 mem_import_from_shareable_handle = nullptr;
 };
 
 /// Looks `symbol` up through the runtime into `fn`. Throws cuda_error naming the lookup (and
@@ -165,6 +169,9 @@ inline const cuda_driver_api& cuda_driver(int device) {
     resolve_driver_symbol(a.mem_map, "cuMemMap", device);
     resolve_driver_symbol(a.mem_unmap, "cuMemUnmap", device);
     resolve_driver_symbol(a.mem_set_access, "cuMemSetAccess", device);
+    resolve_driver_symbol(a.mem_export_to_shareable_handle, "cuMemExportToShareableHandle", device);
+    resolve_driver_symbol(a.mem_import_from_shareable_handle, "cuMemImportFromShareableHandle",
+                          device);
     return a;
   }();
   return api;
@@ -196,8 +203,22 @@ class cuda_vmm_device : public cuda_device {
   /// The handle create_physical returns when the device is out of memory.
   static constexpr physical_handle invalid_physical_handle = 0;
 
-  /// The GPU with ordinal `index`. Makes no CUDA call. Never throws.
-  explicit cuda_vmm_device(int index = 0) noexcept : cuda_device(index) {}
+  /// The kind of handle other processes and libraries can open the physical memory with
+  /// (CUmemAllocationProp::requestedHandleTypes). As PyTorch's expandable segments: POSIX file
+  /// descriptors by default; fabric handles (multi-node NVLink, IMEX channels) on request, falling
+  /// back to file descriptors where the GPU or the system refuses them; `none` for memory nobody
+  /// else opens.
+  enum class shareable_handle : unsigned char { none, posix_fd, fabric };
+
+  /// The GPU with ordinal `index`, its memory exportable as `handles`. Makes no CUDA call. Never
+  /// throws.
+  explicit cuda_vmm_device(int index = 0,
+                           shareable_handle handles = shareable_handle::posix_fd) noexcept
+      : cuda_device(index), handles_(handles) {}
+
+  /// The handle type new physical memory is created with: the one asked for, or what
+  /// create_physical fell back to (fabric -> posix_fd -> none) when the driver refused it.
+  shareable_handle shareable_handle_type() const noexcept { return handles_; }
 
   /// True when device `device` exists and supports virtual memory management
   /// (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED). False when there is no GPU or no
@@ -277,16 +298,65 @@ class cuda_vmm_device : public cuda_device {
   /// 0 or not a multiple of the granularity).
   physical_handle create_physical(std::size_t size) {
     const detail::cuda_driver_api& api = driver();
-    const CUmemAllocationProp prop = allocation_prop();
-    physical_handle handle = invalid_physical_handle;
-    const CUresult status = api.mem_create(&handle, size, &prop, 0);
-    if (status == CUDA_ERROR_OUT_OF_MEMORY) return invalid_physical_handle;
+    for (;;) {
+      CUmemAllocationProp prop = allocation_prop();
+      prop.requestedHandleTypes = requested_types(handles_);
+      physical_handle handle = invalid_physical_handle;
+      const CUresult status = api.mem_create(&handle, size, &prop, 0);
+      if (status == CUDA_ERROR_OUT_OF_MEMORY) return invalid_physical_handle;
+      // A handle type the GPU, driver or system does not offer: fall back as PyTorch does.
+      if ((status == CUDA_ERROR_NOT_SUPPORTED || status == CUDA_ERROR_NOT_PERMITTED) &&
+          handles_ != shareable_handle::none) {
+        handles_ = handles_ == shareable_handle::fabric ? shareable_handle::posix_fd
+                                                        : shareable_handle::none;
+        continue;
+      }
+      if (status != CUDA_SUCCESS) {
+        detail::throw_cu_error(api, status,
+                               fmt::format("cuMemCreate(&handle, size={}, {{pinned, device {}, "
+                                           "handle types {}}}, flags=0)",
+                                           size, index(), unsigned{prop.requestedHandleTypes}),
+                               index());
+      }
+      return handle;
+    }
+  }
+
+  /// cuMemExportToShareableHandle as a POSIX file descriptor (the caller owns and closes it):
+  /// what another process imports, after receiving it over a Unix socket or with pidfd_getfd.
+  /// Thread-safe. Throws cuda_error (CUDA_ERROR_INVALID_VALUE for memory created without
+  /// posix_fd: see shareable_handle_type()).
+  int export_handle(physical_handle handle) const {
+    const detail::cuda_driver_api& api = driver();
+    int fd = -1;
+    const CUresult status = api.mem_export_to_shareable_handle(
+        &fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
     if (status != CUDA_SUCCESS) {
-      detail::throw_cu_error(
-          api, status,
-          fmt::format("cuMemCreate(&handle, size={}, {{pinned, device {}}}, flags=0)", size,
-                      index()),
-          index());
+      detail::throw_cu_error(api, status,
+                             fmt::format("cuMemExportToShareableHandle(&fd, handle={:#x}, "
+                                         "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)",
+                                         handle),
+                             index());
+    }
+    return fd;
+  }
+
+  /// cuMemImportFromShareableHandle of a POSIX file descriptor export_handle made (here or in
+  /// another process): a handle to the same physical memory, to map with map() and release with
+  /// release_physical() like one create_physical made. The descriptor stays the caller's.
+  /// Thread-safe. Throws cuda_error.
+  physical_handle import_handle(int fd) const {
+    const detail::cuda_driver_api& api = driver();
+    physical_handle handle = invalid_physical_handle;
+    void* os_handle = reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd));
+    const CUresult status = api.mem_import_from_shareable_handle(
+        &handle, os_handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    if (status != CUDA_SUCCESS) {
+      detail::throw_cu_error(api, status,
+                             fmt::format("cuMemImportFromShareableHandle(&handle, fd={}, "
+                                         "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)",
+                                         fd),
+                             index());
     }
     return handle;
   }
@@ -359,7 +429,22 @@ class cuda_vmm_device : public cuda_device {
  private:
   const detail::cuda_driver_api& driver() const { return detail::cuda_driver(index()); }
 
-  // Pinned device memory on this device, no shareable handle type, no special flags.
+  static CUmemAllocationHandleType requested_types(shareable_handle h) noexcept {
+    switch (h) {
+      case shareable_handle::posix_fd:
+        return CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+      case shareable_handle::fabric:
+        return CU_MEM_HANDLE_TYPE_FABRIC;
+      case shareable_handle::none:
+        break;
+    }
+    return CU_MEM_HANDLE_TYPE_NONE;
+  }
+
+  shareable_handle handles_;
+
+  // Pinned device memory on this device, no shareable handle type, no special flags (the
+  // granularity query; create_physical adds the handle type).
   CUmemAllocationProp allocation_prop() const noexcept {
     CUmemAllocationProp prop{};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;

@@ -523,6 +523,16 @@ struct has_grant_access<D, std::void_t<decltype(std::declval<D&>().grant_access(
 template <class D>
 inline constexpr bool has_grant_access_v = has_grant_access<D>::value;
 
+// Optional member of a VMM device whose physical memory other processes can open
+// (cuda_vmm_device): int export_handle(physical_handle) const;  // a POSIX file descriptor
+template <class D, class = void>
+struct has_export_handle : std::false_type {};
+template <class D>
+struct has_export_handle<D, std::void_t<decltype(std::declval<const D&>().export_handle(
+                                std::declval<typename D::physical_handle>()))>> : std::true_type {};
+template <class D>
+inline constexpr bool has_export_handle_v = has_export_handle<D>::value;
+
 }  // namespace detail
 
 }  // namespace gpumem
