@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -25,6 +26,8 @@
 #include <vector>
 
 #include "gpumem/device/simulated_device.hpp"
+#include "gpumem/trace/native_format.hpp"
+#include "gpumem/trace/replay.hpp"
 #include "support/sim.hpp"
 
 namespace {
@@ -335,6 +338,67 @@ TEST(RealSnapshot, ExportReadsBackUnchanged) {
     const auto segments = segments_of(gpumem::detail::unpickle(read_file(*path)));
     const allocation_trace back = read_bytes(export_bytes(segments, original));
     EXPECT_EQ(back, original);
+  }
+}
+
+// --- A trace written back: read(write(read(snapshot))) == read(snapshot) -------------------------
+
+// The snapshots to write back: the real ones, and gpumem-replay's exports of them and of a bundled
+// trace under each policy (what --export-snapshot writes).
+std::vector<std::pair<std::string, std::string>> snapshots_to_write_back() {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::vector<std::pair<std::string, allocation_trace>> sources;
+  for (const char* name : {"opt-zeroth-order-finetune.pickle", "transformer-forward-bf16.pickle",
+                           "opt-inference-oom-state.pickle"}) {
+    const std::optional<std::string> path = real_trace(name);
+    if (!path) {
+      ADD_FAILURE() << name << " not found in examples/traces/real";
+      continue;
+    }
+    out.emplace_back(name, read_file(*path));
+    sources.emplace_back(name, gpumem::read_pytorch_snapshot(*path));
+  }
+  const std::string bundled = std::string(GPUMEM_REAL_TRACES) + "/../resnet50-b32.trace";
+  sources.emplace_back("resnet50-b32.trace", gpumem::read_native_trace(bundled));
+  for (const auto& [name, t] : sources) {
+    const gpumem::compiled_trace c = gpumem::compile_trace(t);
+    for (const char* config : {"policy:classic", "policy:expandable", "policy:stitch"}) {
+      gpumem::replay_options ro;
+      ro.device_memory = t.device_memory.value_or(80 * gpumem_test::GiB);
+      ro.config = gpumem::allocator_config::parse(config);
+      ro.record_history = true;
+      if (!c.ops.empty()) ro.snapshot_after_event = c.ops.size() - 1;
+      const gpumem::replay_result r = gpumem::replay_trace(c, ro);
+      std::ostringstream bytes(std::ios::binary);
+      gpumem::write_pytorch_snapshot(bytes, r.segments, r.snapshot_trace,
+                                     r.history.recorded_config);
+      out.emplace_back(name + " exported under " + config, bytes.str());
+    }
+  }
+  return out;
+}
+
+TEST(RoundTrip, RealAndExportedSnapshotsWriteBackUnchanged) {
+  const auto snapshots = snapshots_to_write_back();
+  EXPECT_EQ(snapshots.size(), 15u);  // 3 real + 4 sources x 3 policies
+  for (const auto& [name, bytes] : snapshots) {
+    SCOPED_TRACE(name);
+    const allocation_trace trace = read_bytes(bytes);
+    ASSERT_EQ(first_violation(trace), "");
+    std::ostringstream out(std::ios::binary);
+    gpumem::write_pytorch_snapshot(out, trace);
+    allocation_trace back;
+    ASSERT_NO_THROW(back = read_bytes(out.str()));
+    EXPECT_EQ(back.initial_events, trace.initial_events);
+    EXPECT_EQ(back.recorded_initial_reserved, trace.recorded_initial_reserved);
+    EXPECT_EQ(back.device_memory, trace.device_memory);
+    EXPECT_EQ(back.recorded_oom_event, trace.recorded_oom_event);
+    EXPECT_EQ(back.recorded_config, trace.recorded_config);
+    ASSERT_EQ(back.events.size(), trace.events.size());
+    for (std::size_t i = 0; i < trace.events.size(); ++i) {
+      ASSERT_EQ(back.events[i], trace.events[i]) << "event " << i;
+    }
+    EXPECT_EQ(back, trace);
   }
 }
 
@@ -658,6 +722,105 @@ TEST(Rebuild, OomIsTheFailedRequestAndGivesTheDevice) {
   EXPECT_EQ(first_violation(t), "");
 }
 
+std::string trace_bytes(const allocation_trace& t) {
+  std::ostringstream out(std::ios::binary);
+  gpumem::write_pytorch_snapshot(out, t);
+  return out.str();
+}
+
+// write_pytorch_snapshot(out, trace): the state before the first event (blocks live and pending,
+// reserved bytes) and the out-of-memory come back as they were read.
+TEST(RoundTrip, InitialStatePendingFreesAndOomWriteBack) {
+  pickle_value oom = pickle_value::make_dict(dict{{"action", "oom"},
+                                                  {"device_free", 3 * mib2},
+                                                  {"size", 5 * mib2},
+                                                  {"stream", 4},
+                                                  {"time_us", 77},
+                                                  {"frames", pickle_value::make_list()}});
+  const allocation_trace t = read_value(snapshot(
+      {segment(seg_addr, 2 * mib2,
+               {block(seg_addr, 1024, 1000, "active_allocated"),
+                block(seg_addr + 1024, 1024, 900, "active_pending_free"),
+                block(seg_addr + 2048, 2 * mib2 - 2048, 0, "inactive")},
+               0, 6)},
+      {event("alloc", seg_addr + 4096, 300, 1, 6),
+       event("free_requested", seg_addr + 4096, 300, 2, 6),
+       event("free_requested", seg_addr, 1000, 3, 6), event("free_completed", seg_addr, 1000, 4, 6),
+       event("alloc", seg_addr, 1000, 5, 6), event("segment_alloc", seg_addr + 8 * mib2, mib2),
+       event("segment_free", seg_addr + 8 * mib2, mib2), oom,
+       event("free_completed", seg_addr + 4096, 300, 8, 6)}));
+  ASSERT_EQ(t.initial_events, 2u);  // seg_addr (freed later) and seg_addr + 1024 (pending)
+  ASSERT_TRUE(t.recorded_oom_event.has_value());
+  ASSERT_TRUE(t.device_memory.has_value());
+  const std::string bytes = trace_bytes(t);
+  const allocation_trace back = read_bytes(bytes);
+  EXPECT_EQ(back, t);
+  // What was written: the live blocks in segments of their own, the oom as an oom event.
+  const pickle_value v = gpumem::detail::unpickle(bytes);
+  std::uint64_t total = 0;
+  std::size_t live = 0;
+  for (const pickle_value& seg : v.find("segments")->as_list()) {
+    total += static_cast<std::uint64_t>(seg.find("total_size")->as_int());
+    for (const pickle_value& b : seg.find("blocks")->as_list()) {
+      live += b.find("state")->as_str() != "inactive" ? 1 : 0;
+    }
+  }
+  EXPECT_EQ(total, 2u * mib2);
+  EXPECT_EQ(live, 2u);
+  std::size_t ooms = 0;
+  for (const pickle_value& e : v.find("device_traces")->as_list()[0].as_list()) {
+    if (e.find("action")->as_str() == "oom") {
+      ++ooms;
+      EXPECT_EQ(e.find("device_free")->as_int(), 3 * mib2);
+      EXPECT_EQ(e.find("size")->as_int(), 5 * mib2);
+    }
+  }
+  EXPECT_EQ(ooms, 1u);
+}
+
+TEST(RoundTrip, TraceWithoutRecordedReservedGetsTheLeastThatFits) {
+  allocation_trace t;
+  t.events = {{trace_event_kind::alloc, 0x1000, 700, 0, 1},
+              {trace_event_kind::segment_free, 0x9000, 300, 0, 2},
+              {trace_event_kind::alloc, 0x2000, 100, 0, 3}};
+  const allocation_trace back = read_bytes(trace_bytes(t));
+  // 300 bytes freed, 800 live at the end: at least 1,100 at the start.
+  EXPECT_EQ(back.recorded_initial_reserved, std::optional<std::uint64_t>(1100));
+  EXPECT_EQ(back.events, t.events);
+  t.recorded_initial_reserved = 1100;
+  EXPECT_EQ(back, [&] {
+    allocation_trace expected = t;
+    expected.source = "pytorch-snapshot";
+    return expected;
+  }());
+  // A recorded reserved memory that the segment frees or the live blocks overdraw is refused.
+  t.recorded_initial_reserved = 200;
+  EXPECT_THROW(trace_bytes(t), std::invalid_argument);
+  t.recorded_initial_reserved = 1000;
+  EXPECT_THROW(trace_bytes(t), std::invalid_argument);
+  t.events.push_back({trace_event_kind::free_completed, 0x2000, 100, 0, 4});  // not requested
+  t.recorded_initial_reserved = 5000;
+  EXPECT_THROW(trace_bytes(t), trace_error);
+}
+
+// A live block that no part of its segment holds would not be written; refused instead.
+TEST(Export, LiveBlockOutsideItsSegmentIsRefused) {
+  std::vector<segment_snapshot<std::uint64_t>> segments(1);
+  segments[0].address = 0x100000;
+  segments[0].blocks = {{0x100000, 4096, 4000, block_state::active_allocated}};
+  std::ostringstream out;
+  EXPECT_THROW(gpumem::write_pytorch_snapshot(out, segments, allocation_trace{}),
+               std::invalid_argument);  // total_size 0
+  segments[0].total_size = 4096;
+  gpumem::write_pytorch_snapshot(out, segments, allocation_trace{});
+  EXPECT_EQ(read_bytes(out.str()).events.size(), 1u);
+  segments[0].is_expandable = true;
+  segments[0].total_size = 1 << 20;
+  segments[0].reserved_ranges = {{0x101000, 4096}};
+  EXPECT_THROW(gpumem::write_pytorch_snapshot(out, segments, allocation_trace{}),
+               std::invalid_argument);
+}
+
 TEST(Rebuild, OldSchemaBlocksWithoutAddress) {
   const auto old_block = [](std::int64_t size, std::int64_t requested, const char* state) {
     return pickle_value::make_dict(dict{{"size", size},
@@ -796,6 +959,15 @@ TEST(Malformed, EventsSayWhichEvent) {
   expect_refused(snapshot(one_segment, {pickle_value::make_dict(dict{{"action", "alloc"}})}),
                  {"event 0", "no 'addr'"});
   expect_refused(snapshot(one_segment, {pickle_value::make_list()}), {"event 0", "not a dict"});
+  // The device's memory at an out-of-memory (reserved + device_free) beyond 64 bits.
+  constexpr std::int64_t most = std::numeric_limits<std::int64_t>::max();
+  expect_refused(
+      snapshot(
+          {segment(0, most, {}), segment(0, most, {})},
+          {event("alloc", seg_addr, 8), event("free_requested", seg_addr, 8),
+           event("free_completed", seg_addr, 8),
+           pickle_value::make_dict(dict{{"action", "oom"}, {"device_free", most}, {"size", 8}})}),
+      {"event 3", "'device_free' and the reserved memory overflow 64 bits"});
 }
 
 // Pickle opcodes, for snapshots that pickle_dumps would not write (shared through the memo).

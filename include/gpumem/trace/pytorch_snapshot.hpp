@@ -24,7 +24,8 @@
 // memory (is_expandable, as PyTorch writes expandable segments); a history of
 // snapshot_trace_entry events (a replay's) carries segment and oom events as well, so that
 // memory_viz, which rebuilds the memory at each event from the final segments, shows the
-// allocator's reserved memory at each one.
+// allocator's reserved memory at each one. A trace alone (one read from a snapshot) is written with
+// its own state at its end as its segments, so that it reads back unchanged.
 #pragma once
 
 #include <algorithm>
@@ -279,6 +280,7 @@ inline allocation_trace pytorch_snapshot_trace(const pickle_value& root, int dev
   // The first out-of-memory: where it happened in `history`, the request, the device's free bytes.
   struct recorded_oom {
     std::size_t at = 0;
+    std::size_t index = 0;  // in the device's trace
     std::uint64_t size = 0;
     std::uint64_t stream = 0;
     std::int64_t time_us = no_time;
@@ -330,6 +332,7 @@ inline allocation_trace pytorch_snapshot_trace(const pickle_value& root, int dev
       if (!oom && size_v != nullptr && size_v->is_int() && size_v->as_int() > 0) {
         recorded_oom o;
         o.at = history.size();
+        o.index = ei;
         o.size = snapshot_unsigned(*size_v, "size", at);
         if (stream_v != nullptr)
           o.stream = static_cast<std::uint64_t>(snapshot_int(*stream_v, "stream", at));
@@ -465,7 +468,13 @@ inline allocation_trace pytorch_snapshot_trace(const pickle_value& root, int dev
           trace_event{trace_event_kind::free_requested, 0, oom->size, oom->stream, oom->time_us});
       trace.events.push_back(
           trace_event{trace_event_kind::free_completed, 0, oom->size, oom->stream, oom->time_us});
-      if (oom->device_free) trace.device_memory = reserved_then + *oom->device_free;
+      if (oom->device_free) {
+        if (*oom->device_free > std::numeric_limits<std::uint64_t>::max() - reserved_then) {
+          snapshot_fail(place{place::what::event, oom->index, 0, 0},
+                        "'device_free' and the reserved memory overflow 64 bits");
+        }
+        trace.device_memory = reserved_then + *oom->device_free;
+      }
     }
     if (k == history.size()) break;
     const trace_event& ev = history[k].event;
@@ -526,6 +535,21 @@ pickle_value::sequence pytorch_snapshot_segments(
     std::vector<std::pair<std::uintptr_t, std::size_t>> whole;
     if (!s.is_expandable && s.reserved_ranges.empty()) whole.emplace_back(s.address, s.total_size);
     const auto& parts = whole.empty() ? s.reserved_ranges : whole;
+    // A live block outside every part would not be written at all: the snapshot would lose it
+    // (and a reader its alloc), so it is refused.
+    for (const block_snapshot& b : s.blocks) {
+      if (b.state == block_state::inactive) continue;
+      const bool inside = std::any_of(parts.begin(), parts.end(), [&b](const auto& part) {
+        return b.address >= part.first &&
+               std::uint64_t{b.address} + b.size <= std::uint64_t{part.first} + part.second;
+      });
+      if (!inside) {
+        throw std::invalid_argument(fmt::format(
+            "write_pytorch_snapshot: the {} block at 0x{:x} ({} bytes) is not inside {}",
+            snapshot_state_name(b.state), b.address, b.size,
+            whole.empty() ? "one reserved range of its segment" : "its segment"));
+      }
+    }
     for (const auto& [lo, part_size] : parts) {
       const std::uint64_t hi = static_cast<std::uint64_t>(lo) + part_size;
       seq blocks;
@@ -536,13 +560,7 @@ pickle_value::sequence pytorch_snapshot_segments(
         const std::uint64_t b_lo = std::max<std::uint64_t>(b.address, lo);
         const std::uint64_t b_hi = std::min<std::uint64_t>(std::uint64_t{b.address} + b.size, hi);
         if (b_lo >= b_hi) continue;
-        const bool live = b.state != block_state::inactive;
-        if (live && (b_lo != b.address || b_hi != b.address + b.size)) {
-          throw std::invalid_argument(fmt::format(
-              "write_pytorch_snapshot: the {} block at 0x{:x} ({} bytes) is not inside one "
-              "reserved range of its segment",
-              snapshot_state_name(b.state), b.address, b.size));
-        }
+        const bool live = b.state != block_state::inactive;  // inside this part (checked above)
         if (b.state == block_state::active_allocated) allocated += b.size;
         if (live) {
           active += b.size;
@@ -629,6 +647,195 @@ pickle_value pytorch_snapshot_value(const std::vector<segment_snapshot<Stream>>&
   }
   return pytorch_snapshot_dict(pytorch_snapshot_segments(segments, device), std::move(events),
                                history.recorded_config, device);
+}
+
+/// A trace's state at its end, what write_pytorch_snapshot(out, trace) writes as its segments: the
+/// blocks live then (address order; the size and stream of their alloc; pending when their free
+/// was requested and has not completed) and the bytes reserved then. The reserved bytes start from
+/// recorded_initial_reserved and follow the segment events; a trace without
+/// recorded_initial_reserved starts from the least that keeps them from going below 0 and covers
+/// the blocks live at the end.
+struct snapshot_end_state {
+  struct live_block {
+    std::uint64_t address = 0;
+    std::uint64_t size = 0;
+    std::uint64_t stream = 0;
+    bool pending = false;
+  };
+  std::vector<live_block> live;
+  std::uint64_t live_bytes = 0;  // may exceed `reserved` for a trace no allocator recorded
+  std::uint64_t reserved = 0;
+  std::uint64_t initial_reserved = 0;
+};
+
+/// Throws std::invalid_argument when the reserved bytes would go below 0 or past 64 bits.
+inline snapshot_end_state pytorch_snapshot_end_state(const allocation_trace& trace) {
+  std::unordered_map<std::uint64_t, std::size_t> index;  // address -> position in `blocks`
+  std::vector<snapshot_end_state::live_block> blocks;
+  // Reserved bytes relative to the start: their lowest point and their end.
+  constexpr std::uint64_t max = std::numeric_limits<std::uint64_t>::max();
+  std::uint64_t up = 0;       // bytes segment_alloc added
+  std::uint64_t down = 0;     // bytes segment_free took
+  std::uint64_t deepest = 0;  // the most `down - up` ever was
+  for (const trace_event& e : trace.events) {
+    switch (e.kind) {
+      case trace_event_kind::alloc:
+        index[e.address] = blocks.size();
+        blocks.push_back({e.address, e.size, e.stream, false});
+        break;
+      case trace_event_kind::free_requested:
+        if (const auto f = index.find(e.address); f != index.end())
+          blocks[f->second].pending = true;
+        break;
+      case trace_event_kind::free_completed:
+        if (const auto f = index.find(e.address); f != index.end()) {
+          blocks[f->second].size = 0;  // gone
+          index.erase(f);
+        }
+        break;
+      case trace_event_kind::segment_alloc:
+        if (e.size > max - up) {
+          throw std::invalid_argument("write_pytorch_snapshot: segment sizes overflow 64 bits");
+        }
+        up += e.size;
+        break;
+      case trace_event_kind::segment_free:
+        if (e.size > max - down) {
+          throw std::invalid_argument("write_pytorch_snapshot: segment sizes overflow 64 bits");
+        }
+        down += e.size;
+        if (down > up) deepest = std::max(deepest, down - up);
+        break;
+      case trace_event_kind::record_stream:
+      case trace_event_kind::empty_cache:
+        break;
+    }
+  }
+  snapshot_end_state st;
+  for (const auto& [address, i] : index) st.live.push_back(blocks[i]);
+  std::sort(st.live.begin(), st.live.end(),
+            [](const auto& a, const auto& b) { return a.address < b.address; });
+  for (const auto& b : st.live) {
+    if (b.size > max - st.live_bytes) {
+      throw std::invalid_argument("write_pytorch_snapshot: live block sizes overflow 64 bits");
+    }
+    st.live_bytes += b.size;
+  }
+  if (trace.recorded_initial_reserved) {
+    st.initial_reserved = *trace.recorded_initial_reserved;
+    if (deepest > st.initial_reserved) {
+      throw std::invalid_argument(fmt::format(
+          "write_pytorch_snapshot: the segment frees take {} bytes more than the trace had "
+          "reserved (recorded_initial_reserved {})",
+          deepest - st.initial_reserved, st.initial_reserved));
+    }
+  } else {
+    // At least `deepest`, and enough that the end holds the live blocks.
+    std::uint64_t need = 0;
+    if (up >= down) {
+      need = st.live_bytes > up - down ? st.live_bytes - (up - down) : 0;
+    } else if (st.live_bytes > max - (down - up)) {
+      throw std::invalid_argument("write_pytorch_snapshot: segment sizes overflow 64 bits");
+    } else {
+      need = st.live_bytes + (down - up);
+    }
+    st.initial_reserved = std::max(deepest, need);
+  }
+  if (up > max - st.initial_reserved) {
+    throw std::invalid_argument("write_pytorch_snapshot: segment sizes overflow 64 bits");
+  }
+  st.reserved = st.initial_reserved + up - down;
+  return st;
+}
+
+/// The snapshot written by write_pytorch_snapshot from a trace alone, as a value.
+inline pickle_value pytorch_snapshot_value(const allocation_trace& trace, int device) {
+  if (device < 0) {
+    throw std::invalid_argument(fmt::format("write_pytorch_snapshot: device {} < 0", device));
+  }
+  validate_trace(trace);
+  const snapshot_end_state st = pytorch_snapshot_end_state(trace);
+  if (st.live_bytes > st.reserved) {
+    throw std::invalid_argument(
+        fmt::format("write_pytorch_snapshot: the blocks live at the end of the trace hold {} "
+                    "bytes, more than it had reserved then ({})",
+                    st.live_bytes, st.reserved));
+  }
+  // One segment per live block, just its size; the rest of the reserved bytes in free segments at
+  // address 0 (the trace does not say where they were), at most INT64_MAX bytes each.
+  std::vector<segment_snapshot<std::uint64_t>> segments;
+  for (const auto& b : st.live) {
+    segment_snapshot<std::uint64_t> s;
+    s.address = static_cast<std::uintptr_t>(b.address);
+    s.total_size = static_cast<std::size_t>(b.size);
+    s.stream = b.stream;
+    s.blocks.push_back(block_snapshot{
+        static_cast<std::uintptr_t>(b.address), static_cast<std::size_t>(b.size),
+        static_cast<std::size_t>(b.size),
+        b.pending ? block_state::active_pending_free : block_state::active_allocated});
+    segments.push_back(std::move(s));
+  }
+  constexpr std::uint64_t piece =
+      static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  for (std::uint64_t rest = st.reserved - st.live_bytes; rest > 0 || segments.empty();) {
+    segment_snapshot<std::uint64_t> held;
+    held.total_size = static_cast<std::size_t>(std::min(rest, piece));
+    if (held.total_size > 0) {
+      held.blocks.push_back(block_snapshot{0, held.total_size, 0, block_state::inactive});
+    }
+    rest -= held.total_size;
+    segments.push_back(std::move(held));
+  }
+
+  // The events after the initial ones; the recorded out-of-memory (an alloc at address 0 and its
+  // free, as the reader makes it) goes back to an oom event, with the device's free memory then.
+  using dict = pickle_value::dict_items;
+  using seq = pickle_value::sequence;
+  const auto stream_value = [](std::uint64_t id) {
+    return pickle_value(static_cast<std::int64_t>(id));
+  };
+  seq events;
+  events.reserve(trace.events.size() - trace.initial_events);
+  std::uint64_t reserved = st.initial_reserved;
+  for (std::size_t i = trace.initial_events; i < trace.events.size(); ++i) {
+    const trace_event& ev = trace.events[i];
+    if (trace.recorded_oom_event == i && i + 2 < trace.events.size() &&
+        ev.kind == trace_event_kind::alloc && ev.address == 0 &&
+        trace.events[i + 1].kind == trace_event_kind::free_requested &&
+        trace.events[i + 1].address == 0 &&
+        trace.events[i + 2].kind == trace_event_kind::free_completed &&
+        trace.events[i + 2].address == 0) {
+      dict e{{"action", pickle_value("oom")}};
+      if (trace.device_memory && *trace.device_memory >= reserved) {
+        e.emplace_back("device_free",
+                       snapshot_int_value(*trace.device_memory - reserved, "device_free"));
+      }
+      e.emplace_back("size", snapshot_int_value(ev.size, "event size"));
+      e.emplace_back("stream", stream_value(ev.stream));
+      if (ev.time_us != no_time) e.emplace_back("time_us", pickle_value(ev.time_us));
+      e.emplace_back("frames", pickle_value::make_list());
+      events.push_back(pickle_value::make_dict(std::move(e)));
+      i += 2;
+      continue;
+    }
+    if (ev.kind == trace_event_kind::segment_alloc) reserved += ev.size;
+    if (ev.kind == trace_event_kind::segment_free) reserved -= ev.size;
+    // PyTorch's traces have no such events (an empty_cache shows as the segment frees it makes).
+    if (ev.kind == trace_event_kind::record_stream || ev.kind == trace_event_kind::empty_cache) {
+      continue;
+    }
+    dict e{
+        {"action", pickle_value(to_string(ev.kind))},
+        {"addr", snapshot_int_value(ev.address, "event address")},
+        {"size", snapshot_int_value(ev.size, "event size")},
+        {"stream", stream_value(ev.stream)},
+    };
+    if (ev.time_us != no_time) e.emplace_back("time_us", pickle_value(ev.time_us));
+    e.emplace_back("frames", pickle_value::make_list());
+    events.push_back(pickle_value::make_dict(std::move(e)));
+  }
+  return pytorch_snapshot_dict(pytorch_snapshot_segments(segments, device), std::move(events),
+                               trace.recorded_config, device);
 }
 
 /// The snapshot written by write_pytorch_snapshot from snapshot_trace_entry events, as a value.
@@ -744,6 +951,30 @@ void write_pytorch_snapshot(std::ostream& out,
                             const std::vector<segment_snapshot<Stream>>& segments,
                             const allocation_trace& history, int device = 0) {
   detail::pickle_dump(out, detail::pytorch_snapshot_value(segments, history, device), 4);
+}
+
+/// Writes `trace` alone as a snapshot pickle (protocol 4) that read_pytorch_snapshot reads back
+/// into the same trace: the write-back of a trace read from a snapshot (PyTorch's or
+/// gpumem-replay's export). Its segments are the trace's own state at its end
+/// (detail::pytorch_snapshot_end_state): one segment per block live then, its alloc's size, stream
+/// and state (active_allocated, or active_pending_free when its free was requested and has not
+/// completed), and free segments at address 0 holding the rest of what the trace had reserved then,
+/// so that the reader rebuilds the same initial events and recorded_initial_reserved. The events
+/// are those after the initial ones (record_stream and empty_cache left out, as above); the
+/// recorded out-of-memory (recorded_oom_event: an alloc at address 0 and its free) is written back
+/// as an oom event whose device_free is device_memory less what was reserved then.
+///
+/// The round trip is exact for a trace that read_pytorch_snapshot gave (of any device; written for
+/// `device`). Other traces read
+/// back with what they lack filled in: a trace without recorded_initial_reserved gets the least
+/// reserved memory consistent with its segment events and its blocks live at the end;
+/// device_memory survives only as an oom event's device_free; record_stream events are dropped.
+/// Throws trace_error for a trace that breaks the validity rules (validate_trace);
+/// std::invalid_argument for device < 0, an address or size above INT64_MAX, segment frees beyond
+/// recorded_initial_reserved, or blocks live at the end that hold more than the trace reserved.
+inline void write_pytorch_snapshot(std::ostream& out, const allocation_trace& trace,
+                                   int device = 0) {
+  detail::pickle_dump(out, detail::pytorch_snapshot_value(trace, device), 4);
 }
 
 /// As above, with the events of `trace` (snapshot_trace_entry: segment and oom events as well,
