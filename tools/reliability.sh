@@ -91,12 +91,13 @@ if CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebIn
     replay=build-asan/tools/replay/gpumem-replay
     seed=examples/traces/resnet50-b32.trace
     "$replay" "$seed" --convert "$corpus/rmm_csv/seed.csv" >/dev/null 2>&1 || true
+    "$replay" "$seed" --export-snapshot "$corpus/pytorch_snapshot/seed.pickle" >/dev/null 2>&1 || true
   fi
-  # No PyTorch snapshot seeds for now: a trace read from a real snapshot (examples/traces/real) or
-  # from gpumem-replay's own export does not read back the same once write_pytorch_snapshot wrote
-  # it again (initial events lost; allocs the reader then finds neither live nor freed), which
-  # fuzz_pytorch_snapshot's round trip reports at once. A known defect of the snapshot writer, to
-  # be fixed with it; until then the target starts from an empty corpus.
+  # PyTorch snapshot seeds: the real snapshots (a recording from program start, one that began with
+  # blocks already live, a state-only one) and gpumem-replay's export above. fuzz_pytorch_snapshot
+  # writes each trace back with write_pytorch_snapshot(out, trace), initial events included, and
+  # checks that it reads back unchanged.
+  cp examples/traces/real/*.pickle "$corpus/pytorch_snapshot/"
   head -c 3000 /dev/urandom >"$corpus/allocator_ops/random"
   for name in config native_trace rmm_csv pytorch_snapshot allocator_ops replay parse_size; do
     log=$out/fuzz_$name.log
