@@ -681,15 +681,17 @@ TEST(Rebuild, SegmentEventsMarkersAndSettings) {
           dict{{"PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"}, {"max_split_size", -1}}));
   const allocation_trace t = read_value(v);
   // snapshot dropped; the oom becomes the failed request (an alloc at 0 and its free), without a
-  // device size (the event has no 'device_free')
-  ASSERT_EQ(t.events.size(), 7u);
+  // device size (the event has no 'device_free'); the unmap that a segment_alloc follows is the
+  // allocator's own, the last segment_free (which no segment_alloc follows) an empty_cache
+  ASSERT_EQ(t.events.size(), 8u);
   EXPECT_EQ(t.events[0].kind, trace_event_kind::segment_alloc);
   EXPECT_EQ(t.events[1], (trace_event{trace_event_kind::alloc, 0, 1 << 30, 0, no_time}));
   EXPECT_EQ(t.events[2].kind, trace_event_kind::free_requested);
   EXPECT_EQ(t.events[3].kind, trace_event_kind::free_completed);
   EXPECT_EQ(t.events[4].kind, trace_event_kind::segment_free);
   EXPECT_EQ(t.events[5].kind, trace_event_kind::segment_alloc);
-  EXPECT_EQ(t.events[6].kind, trace_event_kind::segment_free);
+  EXPECT_EQ(t.events[6], (trace_event{trace_event_kind::empty_cache, 0, 0, 0, no_time}));
+  EXPECT_EQ(t.events[7].kind, trace_event_kind::segment_free);
   EXPECT_EQ(t.recorded_oom_event, std::optional<std::size_t>(1));
   EXPECT_EQ(t.device_memory, std::nullopt);
   EXPECT_EQ(t.events[0].time_us, no_time);
@@ -781,6 +783,7 @@ TEST(RoundTrip, InitialStatePendingFreesAndOomWriteBack) {
 TEST(RoundTrip, TraceWithoutRecordedReservedGetsTheLeastThatFits) {
   allocation_trace t;
   t.events = {{trace_event_kind::alloc, 0x1000, 700, 0, 1},
+              {trace_event_kind::empty_cache, 0, 0, 0, 2},  // not written; read from the next
               {trace_event_kind::segment_free, 0x9000, 300, 0, 2},
               {trace_event_kind::alloc, 0x2000, 100, 0, 3}};
   const allocation_trace back = read_bytes(trace_bytes(t));
@@ -798,7 +801,7 @@ TEST(RoundTrip, TraceWithoutRecordedReservedGetsTheLeastThatFits) {
   EXPECT_THROW(trace_bytes(t), std::invalid_argument);
   t.recorded_initial_reserved = 1000;
   EXPECT_THROW(trace_bytes(t), std::invalid_argument);
-  t.events.push_back({trace_event_kind::free_completed, 0x2000, 100, 0, 4});  // not requested
+  t.events.push_back({trace_event_kind::free_completed, 0x2000, 100, 0, 5});  // not requested
   t.recorded_initial_reserved = 5000;
   EXPECT_THROW(trace_bytes(t), trace_error);
 }
@@ -819,6 +822,107 @@ TEST(Export, LiveBlockOutsideItsSegmentIsRefused) {
   segments[0].reserved_ranges = {{0x101000, 4096}};
   EXPECT_THROW(gpumem::write_pytorch_snapshot(out, segments, allocation_trace{}),
                std::invalid_argument);
+}
+
+// Which runs of segment frees are the program's empty_cache and which the allocator's own.
+TEST(Rebuild, EmptyCacheFromReleasesThatAreNoRetry) {
+  constexpr std::int64_t mib = 1024 * 1024;
+  const std::int64_t a1 = seg_addr, a2 = seg_addr + 32 * mib, b = seg_addr + 64 * mib,
+                     c = seg_addr + 128 * mib, d = seg_addr + 256 * mib, e = seg_addr + 288 * mib;
+  const allocation_trace t = read_value(snapshot(
+      {segment(c, 60 * mib, {block(c, 60 * mib, 60 * mib, "active_pending_free")})},
+      {event("segment_alloc", a1, 20 * mib), event("alloc", a1, 20 * mib),
+       event("segment_alloc", a2, 20 * mib), event("alloc", a2, 20 * mib),
+       event("free_requested", a1, 20 * mib), event("free_completed", a1, 20 * mib),
+       event("free_requested", a2, 20 * mib), event("free_completed", a2, 20 * mib),
+       // 8, 9: a run; the next malloc takes new memory for 20 MiB, which either freed segment
+       // held: an empty_cache
+       event("segment_free", a1, 20 * mib, 100), event("segment_free", a2, 20 * mib, 101),
+       event("segment_alloc", b, 20 * mib), event("alloc", b, 20 * mib),
+       event("free_requested", b, 20 * mib), event("free_completed", b, 20 * mib),
+       // 14: freed right before a malloc of 60 MiB, which it could not hold: a retry
+       event("segment_free", b, 20 * mib), event("segment_alloc", c, 60 * mib),
+       event("alloc", c, 60 * mib), event("segment_alloc", d, 2 * mib), event("alloc", d, 512),
+       event("segment_alloc", e, 20 * mib), event("alloc", e, 20 * mib),
+       event("free_requested", d, 512), event("free_completed", d, 512),
+       event("free_requested", e, 20 * mib), event("free_completed", e, 20 * mib),
+       // 25: freed right before an oom event: a retry
+       event("segment_free", d, 2 * mib), event("oom", 0, 1 << 30),
+       // 26: after the oom, then a block event: an empty_cache
+       event("segment_free", e, 20 * mib, 300), event("free_requested", c, 60 * mib)}));
+  std::vector<std::size_t> at;
+  for (std::size_t i = 0; i < t.events.size(); ++i) {
+    if (t.events[i].kind == trace_event_kind::empty_cache) at.push_back(i);
+  }
+  // 8 events before the first run, its empty_cache at 8; the oom's three events at 27 (where the
+  // last segment_free was, one later for the first empty_cache), the second empty_cache after them.
+  ASSERT_EQ(at, (std::vector<std::size_t>{8, 30}));
+  EXPECT_EQ(t.events[8], (trace_event{trace_event_kind::empty_cache, 0, 0, 0, 100}));
+  EXPECT_EQ(t.events[9].kind, trace_event_kind::segment_free);
+  EXPECT_EQ(t.events[10].kind, trace_event_kind::segment_free);
+  EXPECT_EQ(t.recorded_oom_event, std::optional<std::size_t>(27));
+  EXPECT_EQ(t.events[30], (trace_event{trace_event_kind::empty_cache, 0, 0, 0, 300}));
+  EXPECT_EQ(t.events[31].kind, trace_event_kind::segment_free);
+  EXPECT_EQ(first_violation(t), "");
+  gpumem::validate_trace(t);
+  // Written back, the empty_cache events are not written and come back from the segment frees.
+  EXPECT_EQ(read_bytes(trace_bytes(t)), t);
+}
+
+// A program that empties the cache between two phases: the replay empties its cache there too, and
+// classic under the recorded settings then reserves what PyTorch reserved.
+TEST(Rebuild, EmptyCacheReplaysUnderEveryPolicy) {
+  constexpr std::int64_t mib = 1024 * 1024;
+  const std::int64_t a1 = seg_addr, a2 = seg_addr + 32 * mib, x = seg_addr + 64 * mib,
+                     y = seg_addr + 128 * mib;
+  const allocation_trace t = read_value(
+      snapshot({segment(x, 20 * mib, {block(x, 20 * mib, 20 * mib, "active_allocated")}),
+                segment(y, 60 * mib, {block(y, 60 * mib, 60 * mib, "active_allocated")})},
+               {event("segment_alloc", a1, 20 * mib), event("alloc", a1, 20 * mib),
+                event("segment_alloc", a2, 20 * mib), event("alloc", a2, 20 * mib),
+                event("free_requested", a1, 20 * mib), event("free_completed", a1, 20 * mib),
+                event("free_requested", a2, 20 * mib), event("free_completed", a2, 20 * mib),
+                event("segment_free", a1, 20 * mib), event("segment_free", a2, 20 * mib),
+                event("segment_alloc", x, 20 * mib), event("alloc", x, 20 * mib),
+                event("segment_alloc", y, 60 * mib), event("alloc", y, 60 * mib)}));
+  const std::uint64_t recorded_peak = figures(t).peak_reserved;
+  ASSERT_EQ(recorded_peak, 80u * mib);  // 40 MiB, then none, then 20 + 60
+  ASSERT_EQ(
+      std::count_if(t.events.begin(), t.events.end(),
+                    [](const trace_event& e) { return e.kind == trace_event_kind::empty_cache; }),
+      1);
+  allocation_trace without = t;  // what a replay saw before the empty_cache events were derived
+  without.events.erase(
+      std::remove_if(without.events.begin(), without.events.end(),
+                     [](const trace_event& e) { return e.kind == trace_event_kind::empty_cache; }),
+      without.events.end());
+  const auto replay = [](const allocation_trace& trace, const std::string& config) {
+    gpumem::replay_options ro;
+    ro.device_memory = 1024 * static_cast<std::size_t>(mib);
+    ro.config = gpumem::allocator_config::parse(config);
+    ro.record_samples = true;
+    ro.check_invariants = true;
+    return gpumem::replay_trace(gpumem::compile_trace(trace), ro);
+  };
+  // Classic with the recorded settings (none): PyTorch's peak, to the byte; 100 MiB before.
+  const gpumem::replay_result classic = replay(t, "policy:classic");
+  ASSERT_TRUE(classic.completed);
+  EXPECT_EQ(classic.peak_reserved, recorded_peak);
+  EXPECT_EQ(replay(without, "policy:classic").peak_reserved, 100u * mib);
+  // Every policy empties its cache there: nothing reserved right after the empty_cache event.
+  const std::size_t empty_at = static_cast<std::size_t>(
+      std::find_if(t.events.begin(), t.events.end(),
+                   [](const trace_event& e) { return e.kind == trace_event_kind::empty_cache; }) -
+      t.events.begin());
+  for (const char* config : {"policy:classic", "policy:expandable", "policy:stitch"}) {
+    SCOPED_TRACE(config);
+    const gpumem::replay_result r = replay(t, config);
+    ASSERT_TRUE(r.completed);
+    ASSERT_GT(r.samples.size(), empty_at);
+    EXPECT_GT(r.samples[empty_at - 1].reserved, 0u);
+    EXPECT_EQ(r.samples[empty_at].reserved, 0u);
+    EXPECT_LE(r.peak_reserved, replay(without, config).peak_reserved);
+  }
 }
 
 TEST(Rebuild, OldSchemaBlocksWithoutAddress) {

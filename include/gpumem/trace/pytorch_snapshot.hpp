@@ -11,9 +11,13 @@
 //
 // Mapping: alloc, free_requested, free_completed, segment_alloc and segment_free keep their
 // names; segment_map / segment_unmap (expandable segments) become segment_alloc / segment_free;
-// snapshot markers are dropped. The first oom event becomes the request that failed, at its place:
-// an alloc of the requested size at address 0 followed by its free (recorded_oom_event is its
-// index), so that a replay tries it; device_memory is then what the allocator could have had,
+// snapshot markers are dropped. A run of segment frees that is not the allocator's own (an
+// out-of-memory retry or a garbage collection, which an oom event or a segment_alloc for a request
+// that none of the freed segments could hold follows at once) is the program's
+// torch.cuda.empty_cache(): an empty_cache event goes before it, so that a replay empties its
+// cache there too. The first oom event becomes the request that failed, at its
+// place: an alloc of the requested size at address 0 followed by its free (recorded_oom_event is
+// its index), so that a replay tries it; device_memory is then what the allocator could have had,
 // PyTorch's reserved memory at that moment plus the device's free memory ('device_free'). Both the
 // old schema (blocks without 'address', 'history' instead of 'frames') and the current one are
 // read. Frames (stack traces) are not kept.
@@ -164,6 +168,18 @@ std::uint64_t snapshot_stream_id(const Stream& s) noexcept {
   }
 }
 
+// Whether the free segment that `release` gave back could have served `request` in PyTorch's
+// allocator: the same stream, the same pool (requests up to 1 MiB come from the small pool, whose
+// segments are 2 MiB; larger ones from segments above 2 MiB) and enough bytes.
+inline bool snapshot_release_could_serve(const trace_event& release,
+                                         const trace_event& request) noexcept {
+  constexpr std::uint64_t small_request = std::uint64_t{1} << 20;
+  constexpr std::uint64_t small_segment = std::uint64_t{2} << 20;
+  if (release.stream != request.stream || release.size < request.size) return false;
+  return request.size <= small_request ? release.size == small_segment
+                                       : release.size > small_segment;
+}
+
 /// The trace of `device` in an unpickled snapshot; see read_pytorch_snapshot.
 inline allocation_trace pytorch_snapshot_trace(const pickle_value& root, int device) {
   using place = snapshot_place;
@@ -287,6 +303,7 @@ inline allocation_trace pytorch_snapshot_trace(const pickle_value& root, int dev
     std::optional<std::uint64_t> device_free;
   };
   std::optional<recorded_oom> oom;
+  std::vector<std::size_t> oom_positions;  // where in `history` each oom event was, first or not
   for (std::size_t ei = 0; events != nullptr && ei < events->size(); ++ei) {
     const pickle_value& e = (*events)[ei];
     const place at{place::what::event, ei, 0, e.offset()};
@@ -329,6 +346,7 @@ inline allocation_trace pytorch_snapshot_trace(const pickle_value& root, int dev
     } else if (action == "segment_free" || action == "segment_unmap") {
       ev.kind = trace_event_kind::segment_free;
     } else if (action == "oom") {
+      oom_positions.push_back(history.size());
       if (!oom && size_v != nullptr && size_v->is_int() && size_v->as_int() > 0) {
         recorded_oom o;
         o.at = history.size();
@@ -458,6 +476,20 @@ inline allocation_trace pytorch_snapshot_trace(const pickle_value& root, int dev
   // The request that failed, where it failed (address 0 is never a block's), then its free: a
   // replay tries it there. What the allocator could have had: its reserved memory then (after the
   // segments its out-of-memory path freed) and what the device had free.
+  // The program's empty_cache calls. PyTorch's allocator gives memory back on its own only inside
+  // a malloc that found no free block that fits, right before it asks the device again: its
+  // out-of-memory retries (cached segments released, then cudaMalloc again, or the oom event when
+  // that fails too) and its garbage collection (garbage_collection_threshold), which its next
+  // cudaMalloc follows. So a run of segment frees (segment_free / segment_unmap, no oom event
+  // between them) is the allocator's own when an oom event follows it, or a segment_alloc /
+  // segment_map and then an alloc that none of the freed segments could have held; any other run
+  // is an empty_cache, which releases every free cached segment at once: one empty_cache event,
+  // before the run.
+  std::vector<bool> oom_before(history.size() + 1, false);  // an oom event right before event k
+  for (const std::size_t k : oom_positions) oom_before[k] = true;
+  const auto is_release = [&history](std::size_t k) {
+    return history[k].event.kind == trace_event_kind::segment_free;
+  };
   std::uint64_t reserved_then = reserved;
   for (std::size_t k = 0; k <= history.size(); ++k) {
     if (oom && oom->at == k) {
@@ -478,6 +510,33 @@ inline allocation_trace pytorch_snapshot_trace(const pickle_value& root, int dev
     }
     if (k == history.size()) break;
     const trace_event& ev = history[k].event;
+    if (is_release(k) && (k == 0 || !is_release(k - 1) || oom_before[k])) {
+      std::size_t end = k + 1;
+      while (end < history.size() && is_release(end) && !oom_before[end]) ++end;
+      bool retry = oom_before[end];
+      if (!retry && end < history.size() &&
+          history[end].event.kind == trace_event_kind::segment_alloc) {
+        // The malloc that asks the device next: a retry released only segments that could not
+        // hold its request (a free segment that could would have served it). One that could
+        // means the program emptied the cache before this allocation.
+        std::size_t m = end;
+        while (m < history.size() && history[m].event.kind == trace_event_kind::segment_alloc &&
+               !oom_before[m]) {
+          ++m;
+        }
+        retry = true;
+        if (m < history.size() && !oom_before[m] &&
+            history[m].event.kind == trace_event_kind::alloc) {
+          const trace_event& request = history[m].event;
+          for (std::size_t r = k; r < end && retry; ++r) {
+            if (snapshot_release_could_serve(history[r].event, request)) retry = false;
+          }
+        }
+      }
+      if (!retry) {
+        trace.events.push_back(trace_event{trace_event_kind::empty_cache, 0, 0, 0, ev.time_us});
+      }
+    }
     if (ev.kind == trace_event_kind::segment_alloc) reserved_then += ev.size;
     if (ev.kind == trace_event_kind::segment_free)
       reserved_then -= std::min(reserved_then, ev.size);
@@ -873,10 +932,17 @@ pickle_value pytorch_snapshot_value(const std::vector<segment_snapshot<Stream>>&
 /// The first `initial_events` events are allocs of the blocks live before recording began
 /// (requested sizes, address order, their segment's stream, no time); blocks whose free was
 /// already requested then get a free_requested right after them. Then come the recorded events,
-/// oldest first. `recorded_initial_reserved` is what PyTorch held from the device before the first
-/// event; `recorded_config` is allocator_settings' PYTORCH_CUDA_ALLOC_CONF ("" when absent);
-/// `source` is "pytorch-snapshot". The result passes the trace validity rules of
-/// docs/trace_format.md.
+/// oldest first, with an empty_cache event (address, size and stream 0; the time of the first
+/// release) before each run of consecutive segment_free / segment_unmap events (no oom event
+/// between them) that is the program's empty_cache: any run but those that an oom event follows,
+/// or a segment_alloc / segment_map and then an alloc that none of the freed segments could have
+/// held (same stream, same pool, enough bytes). Those are PyTorch's own out-of-memory retries and
+/// garbage collection, inside a malloc that found no cached block to fit; an empty_cache called
+/// right before an allocation that no freed segment fits and that takes new memory looks the
+/// same, and is taken for one.
+/// `recorded_initial_reserved` is what PyTorch held from the device before the first event;
+/// `recorded_config` is allocator_settings' PYTORCH_CUDA_ALLOC_CONF ("" when absent); `source` is
+/// "pytorch-snapshot". The result passes the trace validity rules of docs/trace_format.md.
 ///
 /// Throws trace_error when the bytes are not a pickle of the supported subset (offset: the byte),
 /// when the structure is not a snapshot's (offset: the byte of the enclosing dict, named in the
@@ -940,8 +1006,10 @@ inline std::vector<int> pytorch_snapshot_devices(std::string_view bytes) {
 /// at the end of `history`) and `history`'s events after its initial ones, for `device` (earlier
 /// devices get empty traces). pytorch.org/memory_viz opens it; read_pytorch_snapshot reads it
 /// back into `history`'s events, record_stream events excepted (PyTorch's traces have none), with
-/// the initial events rebuilt from `segments`. Frames are empty; events without a time have no
-/// 'time_us'; allocator_settings holds history.recorded_config as PYTORCH_CUDA_ALLOC_CONF.
+/// the initial events rebuilt from `segments`. empty_cache events are not written: the reader
+/// derives them again from the segment frees that follow them, where the history has those. Frames
+/// are empty; events without a time have no 'time_us'; allocator_settings holds
+/// history.recorded_config as PYTORCH_CUDA_ALLOC_CONF.
 ///
 /// Stream ids: `.id` of the stream type when it has one, else the handle's value. Throws
 /// std::invalid_argument for device < 0, initial_events beyond the events, an address or size
@@ -960,7 +1028,8 @@ void write_pytorch_snapshot(std::ostream& out,
 /// and state (active_allocated, or active_pending_free when its free was requested and has not
 /// completed), and free segments at address 0 holding the rest of what the trace had reserved then,
 /// so that the reader rebuilds the same initial events and recorded_initial_reserved. The events
-/// are those after the initial ones (record_stream and empty_cache left out, as above); the
+/// are those after the initial ones (record_stream and empty_cache left out, as above: the reader
+/// derives the empty_cache events again from the segment frees); the
 /// recorded out-of-memory (recorded_oom_event: an alloc at address 0 and its free) is written back
 /// as an oom event whose device_free is device_memory less what was reserved then.
 ///
