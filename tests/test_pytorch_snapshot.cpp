@@ -343,8 +343,8 @@ TEST(RealSnapshot, ExportReadsBackUnchanged) {
 
 // --- A trace written back: read(write(read(snapshot))) == read(snapshot) -------------------------
 
-// The snapshots to write back: the real ones, and gpumem-replay's exports of them and of a bundled
-// trace under each policy (what --export-snapshot writes).
+// The snapshots to write back: the real ones, and gpumem-replay's exports of them and of two
+// bundled traces under each policy (what --export-snapshot writes).
 std::vector<std::pair<std::string, std::string>> snapshots_to_write_back() {
   std::vector<std::pair<std::string, std::string>> out;
   std::vector<std::pair<std::string, allocation_trace>> sources;
@@ -358,8 +358,12 @@ std::vector<std::pair<std::string, std::string>> snapshots_to_write_back() {
     out.emplace_back(name, read_file(*path));
     sources.emplace_back(name, gpumem::read_pytorch_snapshot(*path));
   }
-  const std::string bundled = std::string(GPUMEM_REAL_TRACES) + "/../resnet50-b32.trace";
-  sources.emplace_back("resnet50-b32.trace", gpumem::read_native_trace(bundled));
+  // resnet50-b32; and a workload that empties the cache 24 times, whose exports hold the segment
+  // frees the reader takes for empty_cache calls again.
+  for (const char* name : {"resnet50-b32.trace", "workloads/inference_varying_inputs.trace"}) {
+    sources.emplace_back(
+        name, gpumem::read_native_trace(std::string(GPUMEM_REAL_TRACES) + "/../" + name));
+  }
   for (const auto& [name, t] : sources) {
     const gpumem::compiled_trace c = gpumem::compile_trace(t);
     for (const char* config : {"policy:classic", "policy:expandable", "policy:stitch"}) {
@@ -380,7 +384,7 @@ std::vector<std::pair<std::string, std::string>> snapshots_to_write_back() {
 
 TEST(RoundTrip, RealAndExportedSnapshotsWriteBackUnchanged) {
   const auto snapshots = snapshots_to_write_back();
-  EXPECT_EQ(snapshots.size(), 15u);  // 3 real + 4 sources x 3 policies
+  EXPECT_EQ(snapshots.size(), 18u);  // 3 real + 5 sources x 3 policies
   for (const auto& [name, bytes] : snapshots) {
     SCOPED_TRACE(name);
     const allocation_trace trace = read_bytes(bytes);
