@@ -832,45 +832,77 @@ TEST(Export, LiveBlockOutsideItsSegmentIsRefused) {
 TEST(Rebuild, EmptyCacheFromReleasesThatAreNoRetry) {
   constexpr std::int64_t mib = 1024 * 1024;
   const std::int64_t a1 = seg_addr, a2 = seg_addr + 32 * mib, b = seg_addr + 64 * mib,
-                     c = seg_addr + 128 * mib, d = seg_addr + 256 * mib, e = seg_addr + 288 * mib;
-  const allocation_trace t = read_value(snapshot(
-      {segment(c, 60 * mib, {block(c, 60 * mib, 60 * mib, "active_pending_free")})},
-      {event("segment_alloc", a1, 20 * mib), event("alloc", a1, 20 * mib),
-       event("segment_alloc", a2, 20 * mib), event("alloc", a2, 20 * mib),
-       event("free_requested", a1, 20 * mib), event("free_completed", a1, 20 * mib),
-       event("free_requested", a2, 20 * mib), event("free_completed", a2, 20 * mib),
-       // 8, 9: a run; the next malloc takes new memory for 20 MiB, which either freed segment
-       // held: an empty_cache
-       event("segment_free", a1, 20 * mib, 100), event("segment_free", a2, 20 * mib, 101),
-       event("segment_alloc", b, 20 * mib), event("alloc", b, 20 * mib),
-       event("free_requested", b, 20 * mib), event("free_completed", b, 20 * mib),
-       // 14: freed right before a malloc of 60 MiB, which it could not hold: a retry
-       event("segment_free", b, 20 * mib), event("segment_alloc", c, 60 * mib),
-       event("alloc", c, 60 * mib), event("segment_alloc", d, 2 * mib), event("alloc", d, 512),
-       event("segment_alloc", e, 20 * mib), event("alloc", e, 20 * mib),
-       event("free_requested", d, 512), event("free_completed", d, 512),
-       event("free_requested", e, 20 * mib), event("free_completed", e, 20 * mib),
-       // 25: freed right before an oom event: a retry
-       event("segment_free", d, 2 * mib), event("oom", 0, 1 << 30),
-       // 26: after the oom, then a block event: an empty_cache
-       event("segment_free", e, 20 * mib, 300), event("free_requested", c, 60 * mib)}));
-  std::vector<std::size_t> at;
-  for (std::size_t i = 0; i < t.events.size(); ++i) {
-    if (t.events[i].kind == trace_event_kind::empty_cache) at.push_back(i);
-  }
-  // 8 events before the first run, its empty_cache at 8; the oom's three events at 27 (where the
-  // last segment_free was, one later for the first empty_cache), the second empty_cache after them.
-  ASSERT_EQ(at, (std::vector<std::size_t>{8, 30}));
+                     c = seg_addr + 128 * mib, p = seg_addr + 256 * mib, q = seg_addr + 512 * mib,
+                     r = seg_addr + 1024 * mib;
+  // A 2 MiB segment held throughout (r's); the most reserved: 232 MiB, after q's segment_alloc.
+  // Built anew for each use: a pickle_value's copy shares its containers.
+  const auto build = [&]() {
+    return snapshot(
+        {segment(r, 2 * mib, {block(r, 2 * mib, 512, "active_allocated")})},
+        {event("segment_alloc", a1, 20 * mib), event("alloc", a1, 20 * mib),
+         event("segment_alloc", a2, 20 * mib), event("alloc", a2, 20 * mib),
+         event("free_requested", a1, 20 * mib), event("free_completed", a1, 20 * mib),
+         event("free_requested", a2, 20 * mib), event("free_completed", a2, 20 * mib),
+         // 8, 9: new memory follows for 20 MiB, which either freed segment held: an empty_cache
+         event("segment_free", a1, 20 * mib, 100), event("segment_free", a2, 20 * mib, 101),
+         event("segment_alloc", b, 20 * mib), event("alloc", b, 20 * mib),
+         event("free_requested", b, 20 * mib), event("free_completed", b, 20 * mib),
+         // 14: new memory follows for 30 MiB, which b's segment could not hold, but 22 MiB reserved
+         // plus 30 is less than the allocator held later: cudaMalloc did not fail, an empty_cache
+         event("segment_free", b, 20 * mib, 200), event("segment_alloc", c, 30 * mib),
+         event("alloc", c, 30 * mib), event("segment_alloc", p, 100 * mib),
+         event("alloc", p, 100 * mib), event("free_requested", p, 100 * mib),
+         event("free_completed", p, 100 * mib),
+         // 21: 132 MiB reserved plus 200 MiB is more than it ever held: a retry
+         event("segment_free", p, 100 * mib), event("segment_alloc", q, 200 * mib),
+         event("alloc", q, 200 * mib), event("free_requested", c, 30 * mib),
+         event("free_completed", c, 30 * mib), event("free_requested", q, 200 * mib),
+         event("free_completed", q, 200 * mib),
+         // 28: right before an oom event: a retry
+         event("segment_free", q, 200 * mib), event("oom", 0, 1 << 30),
+         // 30 (29 without the oom): after it, then a block event: an empty_cache
+         event("segment_free", c, 30 * mib, 300), event("alloc", r, 512)});
+  };
+  const auto empty_caches = [](const allocation_trace& t) {
+    std::vector<std::size_t> at;
+    for (std::size_t i = 0; i < t.events.size(); ++i) {
+      if (t.events[i].kind == trace_event_kind::empty_cache) at.push_back(i);
+    }
+    return at;
+  };
+  const allocation_trace t = read_value(build());
+  ASSERT_EQ(empty_caches(t), (std::vector<std::size_t>{8, 15, 34}));
   EXPECT_EQ(t.events[8], (trace_event{trace_event_kind::empty_cache, 0, 0, 0, 100}));
   EXPECT_EQ(t.events[9].kind, trace_event_kind::segment_free);
   EXPECT_EQ(t.events[10].kind, trace_event_kind::segment_free);
-  EXPECT_EQ(t.recorded_oom_event, std::optional<std::size_t>(27));
-  EXPECT_EQ(t.events[30], (trace_event{trace_event_kind::empty_cache, 0, 0, 0, 300}));
-  EXPECT_EQ(t.events[31].kind, trace_event_kind::segment_free);
+  EXPECT_EQ(t.events[15], (trace_event{trace_event_kind::empty_cache, 0, 0, 0, 200}));
+  EXPECT_EQ(t.recorded_oom_event, std::optional<std::size_t>(31));
+  EXPECT_EQ(t.events[34], (trace_event{trace_event_kind::empty_cache, 0, 0, 0, 300}));
+  EXPECT_EQ(t.events[35].kind, trace_event_kind::segment_free);
   EXPECT_EQ(first_violation(t), "");
   gpumem::validate_trace(t);
   // Written back, the empty_cache events are not written and come back from the segment frees.
   EXPECT_EQ(read_bytes(trace_bytes(t)), t);
+
+  // An allocator that collects garbage (garbage_collection_threshold) also gives back, inside a
+  // malloc, segments that it could have kept: only a freed segment that fits the request shows
+  // an empty_cache then. As a setting of its own (newer snapshots) or in the configuration.
+  for (const bool own_setting : {true, false}) {
+    SCOPED_TRACE(own_setting);
+    pickle_value gc = build();
+    gc.as_dict().emplace_back(
+        "allocator_settings",
+        own_setting ? pickle_value::make_dict(dict{{"PYTORCH_CUDA_ALLOC_CONF", ""},
+                                                   {"garbage_collection_threshold", 0.6}})
+                    : pickle_value::make_dict(
+                          dict{{"PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold:0.6"}}));
+    EXPECT_EQ(empty_caches(read_value(gc)), (std::vector<std::size_t>{8, 33}));
+  }
+  pickle_value no_gc = build();
+  no_gc.as_dict().emplace_back(
+      "allocator_settings", pickle_value::make_dict(dict{{"PYTORCH_CUDA_ALLOC_CONF", ""},
+                                                         {"garbage_collection_threshold", 0.0}}));
+  EXPECT_EQ(empty_caches(read_value(no_gc)), (std::vector<std::size_t>{8, 15, 34}));
 }
 
 // A program that empties the cache between two phases: the replay empties its cache there too, and
@@ -926,6 +958,58 @@ TEST(Rebuild, EmptyCacheReplaysUnderEveryPolicy) {
     EXPECT_GT(r.samples[empty_at - 1].reserved, 0u);
     EXPECT_EQ(r.samples[empty_at].reserved, 0u);
     EXPECT_LE(r.peak_reserved, replay(without, config).peak_reserved);
+  }
+}
+
+// Snapshots that PyTorch's own allocator (torch 2.11, on gpumem's CUDA simulator, a 1 GiB device)
+// recorded from a program that empties its cache between phases (tests/data/empty_cache/record.py):
+// its empty_cache calls are found, not its out-of-memory retries (one that succeeds, one that
+// fails) nor its garbage collection; replayed as recorded, classic reserves what PyTorch did.
+TEST(RecordedByPyTorch, EmptyCacheCallsNotRetriesNorGarbageCollection) {
+  struct pytorch_run {
+    const char* file;
+    std::vector<std::size_t> empty_caches;  // where, in the trace
+    const char* config;                     // what --config recorded stands for
+    std::uint64_t peak_without;             // classic's peak before empty_cache was derived
+  };
+  constexpr std::uint64_t mib = 1024 * 1024;
+  for (const pytorch_run& rec : {
+           // 8-9 (an empty_cache before new memory of another shape), 16 (before a request the
+           // freed segment held), 83; not 62-72 (the retry that succeeds) nor 77 (the oom's)
+           pytorch_run{"classic.pickle", {8, 17, 87}, "policy:classic", 1000 * mib},
+           pytorch_run{"expandable.pickle", {8, 16, 74}, "policy:expandable", 0},
+           // 16-19 is the garbage collection before 150 MiB, 24 the empty_cache
+           pytorch_run{"gc.pickle", {24}, "", 0},
+       }) {
+    SCOPED_TRACE(rec.file);
+    const allocation_trace t =
+        gpumem::read_pytorch_snapshot(std::string(GPUMEM_TEST_DATA) + "/empty_cache/" + rec.file);
+    std::vector<std::size_t> at;
+    for (std::size_t i = 0; i < t.events.size(); ++i) {
+      if (t.events[i].kind == trace_event_kind::empty_cache) at.push_back(i);
+    }
+    EXPECT_EQ(at, rec.empty_caches);
+    EXPECT_EQ(first_violation(t), "");
+    EXPECT_EQ(read_bytes(trace_bytes(t)), t);
+    if (*rec.config == '\0') continue;  // gc.pickle: the fraction it ran under is not recorded
+    gpumem::replay_options ro;
+    ASSERT_TRUE(t.device_memory.has_value());
+    ro.device_memory = static_cast<std::size_t>(*t.device_memory);
+    ro.config = gpumem::allocator_config::parse(rec.config);
+    const gpumem::replay_result r = gpumem::replay_trace(gpumem::compile_trace(t), ro);
+    EXPECT_EQ(r.oom_event_index, t.recorded_oom_event);  // the recorded out-of-memory, reproduced
+    EXPECT_EQ(r.peak_reserved, figures(t).peak_reserved);
+    if (rec.peak_without > 0) {
+      allocation_trace without = t;
+      without.events.erase(std::remove_if(without.events.begin(), without.events.end(),
+                                          [](const trace_event& e) {
+                                            return e.kind == trace_event_kind::empty_cache;
+                                          }),
+                           without.events.end());
+      without.recorded_oom_event = *t.recorded_oom_event - 2;  // two empty_cache events before
+      EXPECT_EQ(gpumem::replay_trace(gpumem::compile_trace(without), ro).peak_reserved,
+                rec.peak_without);
+    }
   }
 }
 

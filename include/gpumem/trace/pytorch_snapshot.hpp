@@ -12,10 +12,10 @@
 // Mapping: alloc, free_requested, free_completed, segment_alloc and segment_free keep their
 // names; segment_map / segment_unmap (expandable segments) become segment_alloc / segment_free;
 // snapshot markers are dropped. A run of segment frees that is not the allocator's own (an
-// out-of-memory retry or a garbage collection, which an oom event or a segment_alloc for a request
-// that none of the freed segments could hold follows at once) is the program's
-// torch.cuda.empty_cache(): an empty_cache event goes before it, so that a replay empties its
-// cache there too. The first oom event becomes the request that failed, at its
+// out-of-memory retry or a garbage collection, which an oom event follows at once, or new memory
+// for a request that none of the freed segments could hold and the device could not hold without
+// them) is the program's torch.cuda.empty_cache(): an empty_cache event goes before it, so that a
+// replay empties its cache there too. The first oom event becomes the request that failed, at its
 // place: an alloc of the requested size at address 0 followed by its free (recorded_oom_event is
 // its index), so that a replay tries it; device_memory is then what the allocator could have had,
 // PyTorch's reserved memory at that moment plus the device's free memory ('device_free'). Both the
@@ -473,23 +473,83 @@ inline allocation_trace pytorch_snapshot_trace(const pickle_value& root, int dev
           trace_event{trace_event_kind::free_requested, address, b.size, b.stream, no_time});
     }
   }
-  // The request that failed, where it failed (address 0 is never a block's), then its free: a
-  // replay tries it there. What the allocator could have had: its reserved memory then (after the
-  // segments its out-of-memory path freed) and what the device had free.
+  // The allocator's settings: its configuration, and whether it collects garbage
+  // (garbage_collection_threshold, in the configuration or as a setting of its own above 0).
+  bool collects_garbage = false;
+  if (const pickle_value* settings = root.find("allocator_settings");
+      settings != nullptr && settings->is_dict()) {
+    if (const pickle_value* conf = settings->find("PYTORCH_CUDA_ALLOC_CONF");
+        conf != nullptr && conf->is_str()) {
+      trace.recorded_config = conf->as_str();
+      collects_garbage =
+          trace.recorded_config.find("garbage_collection_threshold") != std::string::npos;
+    }
+    if (const pickle_value* gc = settings->find("garbage_collection_threshold"); gc != nullptr) {
+      collects_garbage = collects_garbage || (gc->is_float() && gc->as_float() > 0) ||
+                         (gc->is_int() && gc->as_int() > 0);
+    }
+  }
+
   // The program's empty_cache calls. PyTorch's allocator gives memory back on its own only inside
-  // a malloc that found no free block that fits, right before it asks the device again: its
-  // out-of-memory retries (cached segments released, then cudaMalloc again, or the oom event when
-  // that fails too) and its garbage collection (garbage_collection_threshold), which its next
-  // cudaMalloc follows. So a run of segment frees (segment_free / segment_unmap, no oom event
-  // between them) is the allocator's own when an oom event follows it, or a segment_alloc /
-  // segment_map and then an alloc that none of the freed segments could have held; any other run
-  // is an empty_cache, which releases every free cached segment at once: one empty_cache event,
-  // before the run.
+  // a malloc that found no cached block to fit, right before it asks the device again: its
+  // out-of-memory retry (cudaMalloc failed: cached segments released, then cudaMalloc again, or
+  // the oom event when that fails too) and its garbage collection (garbage_collection_threshold).
+  // So a run of segment frees (segment_free / segment_unmap, no oom event between them) is the
+  // allocator's own when an oom event follows it, or when a segment_alloc / segment_map follows
+  // it for an alloc that none of the freed segments could have held, and (unless the allocator
+  // collects garbage) that the device could not have held without them: what was reserved before
+  // the run plus the new memory exceeds all the allocator ever held and, where an oom event says
+  // it, what it could have had then. Any other run is an empty_cache, which releases every free
+  // cached segment at once: one empty_cache event, before the run.
   std::vector<bool> oom_before(history.size() + 1, false);  // an oom event right before event k
   for (const std::size_t k : oom_positions) oom_before[k] = true;
   const auto is_release = [&history](std::size_t k) {
     return history[k].event.kind == trace_event_kind::segment_free;
   };
+  std::uint64_t capacity = reserved;  // the most the allocator held or could have had
+  {
+    std::uint64_t level = reserved;
+    for (std::size_t k = 0; k <= history.size(); ++k) {
+      if (oom && oom->at == k && oom->device_free) {
+        if (*oom->device_free > std::numeric_limits<std::uint64_t>::max() - level) {
+          snapshot_fail(place{place::what::event, oom->index, 0, 0},
+                        "'device_free' and the reserved memory overflow 64 bits");
+        }
+        capacity = std::max(capacity, level + *oom->device_free);
+      }
+      if (k == history.size()) break;
+      const trace_event& ev = history[k].event;
+      if (ev.kind == trace_event_kind::segment_alloc)
+        level += ev.size;  // undone above: no overflow
+      if (ev.kind == trace_event_kind::segment_free) level -= std::min(level, ev.size);
+      capacity = std::max(capacity, level);
+    }
+  }
+  // Whether the run of releases [k, end), before which `before` bytes were reserved, is the
+  // allocator's own.
+  const auto allocators_own = [&](std::size_t k, std::size_t end, std::uint64_t before) {
+    if (oom_before[end]) return true;
+    std::uint64_t taken = 0;  // the new memory
+    std::size_t m = end;
+    while (m < history.size() && history[m].event.kind == trace_event_kind::segment_alloc &&
+           !oom_before[m]) {
+      taken =
+          std::min(taken + history[m].event.size, std::numeric_limits<std::uint64_t>::max() / 2);
+      ++m;
+    }
+    if (m == end) return false;  // no new memory follows
+    if (m == history.size() || oom_before[m] || history[m].event.kind != trace_event_kind::alloc) {
+      return true;  // new memory for no allocation: not the program's
+    }
+    for (std::size_t r = k; r < end; ++r) {
+      if (snapshot_release_could_serve(history[r].event, history[m].event)) return false;
+    }
+    return collects_garbage || taken > capacity - std::min(before, capacity);
+  };
+
+  // The request that failed, where it failed (address 0 is never a block's), then its free: a
+  // replay tries it there. What the allocator could have had: its reserved memory then (after the
+  // segments its out-of-memory path freed) and what the device had free.
   std::uint64_t reserved_then = reserved;
   for (std::size_t k = 0; k <= history.size(); ++k) {
     if (oom && oom->at == k) {
@@ -500,40 +560,14 @@ inline allocation_trace pytorch_snapshot_trace(const pickle_value& root, int dev
           trace_event{trace_event_kind::free_requested, 0, oom->size, oom->stream, oom->time_us});
       trace.events.push_back(
           trace_event{trace_event_kind::free_completed, 0, oom->size, oom->stream, oom->time_us});
-      if (oom->device_free) {
-        if (*oom->device_free > std::numeric_limits<std::uint64_t>::max() - reserved_then) {
-          snapshot_fail(place{place::what::event, oom->index, 0, 0},
-                        "'device_free' and the reserved memory overflow 64 bits");
-        }
-        trace.device_memory = reserved_then + *oom->device_free;
-      }
+      if (oom->device_free) trace.device_memory = reserved_then + *oom->device_free;
     }
     if (k == history.size()) break;
     const trace_event& ev = history[k].event;
     if (is_release(k) && (k == 0 || !is_release(k - 1) || oom_before[k])) {
       std::size_t end = k + 1;
       while (end < history.size() && is_release(end) && !oom_before[end]) ++end;
-      bool retry = oom_before[end];
-      if (!retry && end < history.size() &&
-          history[end].event.kind == trace_event_kind::segment_alloc) {
-        // The malloc that asks the device next: a retry released only segments that could not
-        // hold its request (a free segment that could would have served it). One that could
-        // means the program emptied the cache before this allocation.
-        std::size_t m = end;
-        while (m < history.size() && history[m].event.kind == trace_event_kind::segment_alloc &&
-               !oom_before[m]) {
-          ++m;
-        }
-        retry = true;
-        if (m < history.size() && !oom_before[m] &&
-            history[m].event.kind == trace_event_kind::alloc) {
-          const trace_event& request = history[m].event;
-          for (std::size_t r = k; r < end && retry; ++r) {
-            if (snapshot_release_could_serve(history[r].event, request)) retry = false;
-          }
-        }
-      }
-      if (!retry) {
+      if (!allocators_own(k, end, reserved_then)) {
         trace.events.push_back(trace_event{trace_event_kind::empty_cache, 0, 0, 0, ev.time_us});
       }
     }
@@ -544,12 +578,6 @@ inline allocation_trace pytorch_snapshot_trace(const pickle_value& root, int dev
   }
 
   trace.source = "pytorch-snapshot";
-  if (const pickle_value* settings = root.find("allocator_settings")) {
-    if (const pickle_value* conf = settings->find("PYTORCH_CUDA_ALLOC_CONF");
-        conf != nullptr && conf->is_str()) {
-      trace.recorded_config = conf->as_str();
-    }
-  }
   trace.recorded_initial_reserved = reserved;
   return trace;
 }
@@ -935,11 +963,14 @@ pickle_value pytorch_snapshot_value(const std::vector<segment_snapshot<Stream>>&
 /// oldest first, with an empty_cache event (address, size and stream 0; the time of the first
 /// release) before each run of consecutive segment_free / segment_unmap events (no oom event
 /// between them) that is the program's empty_cache: any run but those that an oom event follows,
-/// or a segment_alloc / segment_map and then an alloc that none of the freed segments could have
-/// held (same stream, same pool, enough bytes). Those are PyTorch's own out-of-memory retries and
-/// garbage collection, inside a malloc that found no cached block to fit; an empty_cache called
-/// right before an allocation that no freed segment fits and that takes new memory looks the
-/// same, and is taken for one.
+/// or a segment_alloc / segment_map for an alloc that none of the freed segments could have held
+/// (same stream, same pool, enough bytes) and, unless the allocator collects garbage
+/// (garbage_collection_threshold in allocator_settings), that the device could not have held
+/// without them (what was reserved before the run plus the new memory exceeds the most the
+/// recording ever reserved and what an oom event says it could have had). Those are PyTorch's own
+/// out-of-memory retries and garbage collection, inside a malloc that found no cached block to
+/// fit; an empty_cache called right before such an allocation looks the same, and is taken for
+/// one.
 /// `recorded_initial_reserved` is what PyTorch held from the device before the first event;
 /// `recorded_config` is allocator_settings' PYTORCH_CUDA_ALLOC_CONF ("" when absent); `source` is
 /// "pytorch-snapshot". The result passes the trace validity rules of docs/trace_format.md.
