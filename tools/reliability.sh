@@ -97,10 +97,12 @@ if CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebIn
       --export-snapshot "$corpus/pytorch_snapshot/empty_cache.pickle" >/dev/null 2>&1 || true
   fi
   # PyTorch snapshot seeds: the real snapshots (a recording from program start, one that began with
-  # blocks already live, a state-only one) and gpumem-replay's exports above. fuzz_pytorch_snapshot
-  # writes each trace back with write_pytorch_snapshot(out, trace), initial events included, and
-  # checks that it reads back unchanged.
+  # blocks already live, a state-only one), gpumem-replay's exports above and the small snapshots
+  # PyTorch's own allocator recorded with empty_cache calls, retries and garbage collection.
+  # fuzz_pytorch_snapshot writes each trace back with write_pytorch_snapshot(out, trace), initial
+  # events included, and checks that it reads back unchanged.
   cp examples/traces/real/*.pickle "$corpus/pytorch_snapshot/"
+  for f in tests/data/empty_cache/*.pickle; do cp "$f" "$corpus/pytorch_snapshot/empty_cache_$(basename "$f")"; done
   head -c 3000 /dev/urandom >"$corpus/allocator_ops/random"
   for name in config native_trace rmm_csv pytorch_snapshot allocator_ops replay parse_size; do
     log=$out/fuzz_$name.log
