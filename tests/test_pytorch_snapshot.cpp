@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -25,6 +26,8 @@
 #include <vector>
 
 #include "gpumem/device/simulated_device.hpp"
+#include "gpumem/trace/native_format.hpp"
+#include "gpumem/trace/replay.hpp"
 #include "support/sim.hpp"
 
 namespace {
@@ -338,6 +341,103 @@ TEST(RealSnapshot, ExportReadsBackUnchanged) {
   }
 }
 
+// --- A trace written back: read(write(read(snapshot))) == read(snapshot) -------------------------
+
+// The snapshots to write back: the real ones, and gpumem-replay's exports of them and of two
+// bundled traces under each policy (what --export-snapshot writes).
+std::vector<std::pair<std::string, std::string>> snapshots_to_write_back() {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::vector<std::pair<std::string, allocation_trace>> sources;
+  for (const char* name : {"opt-zeroth-order-finetune.pickle", "transformer-forward-bf16.pickle",
+                           "opt-inference-oom-state.pickle"}) {
+    const std::optional<std::string> path = real_trace(name);
+    if (!path) {
+      ADD_FAILURE() << name << " not found in examples/traces/real";
+      continue;
+    }
+    out.emplace_back(name, read_file(*path));
+    sources.emplace_back(name, gpumem::read_pytorch_snapshot(*path));
+  }
+  // resnet50-b32; and a workload that empties the cache 24 times, whose exports hold the segment
+  // frees the reader takes for empty_cache calls again.
+  for (const char* name : {"resnet50-b32.trace", "workloads/inference_varying_inputs.trace"}) {
+    sources.emplace_back(
+        name, gpumem::read_native_trace(std::string(GPUMEM_REAL_TRACES) + "/../" + name));
+  }
+  for (const auto& [name, t] : sources) {
+    const gpumem::compiled_trace c = gpumem::compile_trace(t);
+    for (const char* config : {"policy:classic", "policy:expandable", "policy:stitch"}) {
+      gpumem::replay_options ro;
+      ro.device_memory = t.device_memory.value_or(80 * gpumem_test::GiB);
+      ro.config = gpumem::allocator_config::parse(config);
+      ro.record_history = true;
+      if (!c.ops.empty()) ro.snapshot_after_event = c.ops.size() - 1;
+      const gpumem::replay_result r = gpumem::replay_trace(c, ro);
+      std::ostringstream bytes(std::ios::binary);
+      gpumem::write_pytorch_snapshot(bytes, r.segments, r.snapshot_trace,
+                                     r.history.recorded_config);
+      out.emplace_back(name + " exported under " + config, bytes.str());
+    }
+  }
+  return out;
+}
+
+TEST(RoundTrip, RealAndExportedSnapshotsWriteBackUnchanged) {
+  const auto snapshots = snapshots_to_write_back();
+  EXPECT_EQ(snapshots.size(), 18u);  // 3 real + 5 sources x 3 policies
+  for (const auto& [name, bytes] : snapshots) {
+    SCOPED_TRACE(name);
+    const allocation_trace trace = read_bytes(bytes);
+    ASSERT_EQ(first_violation(trace), "");
+    std::ostringstream out(std::ios::binary);
+    gpumem::write_pytorch_snapshot(out, trace);
+    allocation_trace back;
+    ASSERT_NO_THROW(back = read_bytes(out.str()));
+    EXPECT_EQ(back.initial_events, trace.initial_events);
+    EXPECT_EQ(back.recorded_initial_reserved, trace.recorded_initial_reserved);
+    EXPECT_EQ(back.device_memory, trace.device_memory);
+    EXPECT_EQ(back.recorded_oom_event, trace.recorded_oom_event);
+    EXPECT_EQ(back.recorded_config, trace.recorded_config);
+    ASSERT_EQ(back.events.size(), trace.events.size());
+    for (std::size_t i = 0; i < trace.events.size(); ++i) {
+      ASSERT_EQ(back.events[i], trace.events[i]) << "event " << i;
+    }
+    EXPECT_EQ(back, trace);
+  }
+}
+
+// gpumem-replay's export of a workload that empties its cache 24 times, under classic: read back,
+// its segment frees are 23 empty_cache calls (one emptied an empty cache and left no trace), and
+// replaying it as recorded gives the export's own reserved memory, peak to the byte. Before the
+// empty_cache events were derived, the peak was 24.8% above.
+TEST(RoundTrip, ExportOfAWorkloadThatEmptiesItsCacheReplaysToItsPeak) {
+  const allocation_trace source = gpumem::read_native_trace(
+      std::string(GPUMEM_REAL_TRACES) + "/../workloads/inference_varying_inputs.trace");
+  const auto empty_caches = [](const allocation_trace& t) {
+    return std::count_if(t.events.begin(), t.events.end(), [](const trace_event& e) {
+      return e.kind == trace_event_kind::empty_cache;
+    });
+  };
+  ASSERT_EQ(empty_caches(source), 24);
+  gpumem::replay_options ro;
+  ro.config = gpumem::allocator_config::parse("policy:classic");
+  ro.record_history = true;
+  const gpumem::compiled_trace c = gpumem::compile_trace(source);
+  ro.snapshot_after_event = c.ops.size() - 1;
+  const gpumem::replay_result exported = gpumem::replay_trace(c, ro);
+  std::ostringstream bytes(std::ios::binary);
+  gpumem::write_pytorch_snapshot(bytes, exported.segments, exported.snapshot_trace,
+                                 exported.history.recorded_config);
+  const allocation_trace t = read_bytes(bytes.str());
+  EXPECT_EQ(empty_caches(t), 23);
+  EXPECT_EQ(figures(t).peak_reserved, exported.peak_reserved);
+  gpumem::replay_options again;
+  again.config = ro.config;
+  const gpumem::replay_result r = gpumem::replay_trace(gpumem::compile_trace(t), again);
+  ASSERT_TRUE(r.completed);
+  EXPECT_EQ(r.peak_reserved, exported.peak_reserved);
+}
+
 // --- gpumem's own allocator, exported ------------------------------------------------------------
 
 struct recording {
@@ -617,15 +717,17 @@ TEST(Rebuild, SegmentEventsMarkersAndSettings) {
           dict{{"PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"}, {"max_split_size", -1}}));
   const allocation_trace t = read_value(v);
   // snapshot dropped; the oom becomes the failed request (an alloc at 0 and its free), without a
-  // device size (the event has no 'device_free')
-  ASSERT_EQ(t.events.size(), 7u);
+  // device size (the event has no 'device_free'); the unmap that a segment_alloc follows is the
+  // allocator's own, the last segment_free (which no segment_alloc follows) an empty_cache
+  ASSERT_EQ(t.events.size(), 8u);
   EXPECT_EQ(t.events[0].kind, trace_event_kind::segment_alloc);
   EXPECT_EQ(t.events[1], (trace_event{trace_event_kind::alloc, 0, 1 << 30, 0, no_time}));
   EXPECT_EQ(t.events[2].kind, trace_event_kind::free_requested);
   EXPECT_EQ(t.events[3].kind, trace_event_kind::free_completed);
   EXPECT_EQ(t.events[4].kind, trace_event_kind::segment_free);
   EXPECT_EQ(t.events[5].kind, trace_event_kind::segment_alloc);
-  EXPECT_EQ(t.events[6].kind, trace_event_kind::segment_free);
+  EXPECT_EQ(t.events[6], (trace_event{trace_event_kind::empty_cache, 0, 0, 0, no_time}));
+  EXPECT_EQ(t.events[7].kind, trace_event_kind::segment_free);
   EXPECT_EQ(t.recorded_oom_event, std::optional<std::size_t>(1));
   EXPECT_EQ(t.device_memory, std::nullopt);
   EXPECT_EQ(t.events[0].time_us, no_time);
@@ -656,6 +758,291 @@ TEST(Rebuild, OomIsTheFailedRequestAndGivesTheDevice) {
   // reserved: 2 x 2 MiB at the start (final 2, +1 -1), 2 x 2 MiB at the oom; plus 3 x 2 MiB free
   EXPECT_EQ(t.device_memory, std::optional<std::uint64_t>(5 * mib2));
   EXPECT_EQ(first_violation(t), "");
+}
+
+std::string trace_bytes(const allocation_trace& t) {
+  std::ostringstream out(std::ios::binary);
+  gpumem::write_pytorch_snapshot(out, t);
+  return out.str();
+}
+
+// write_pytorch_snapshot(out, trace): the state before the first event (blocks live and pending,
+// reserved bytes) and the out-of-memory come back as they were read.
+TEST(RoundTrip, InitialStatePendingFreesAndOomWriteBack) {
+  pickle_value oom = pickle_value::make_dict(dict{{"action", "oom"},
+                                                  {"device_free", 3 * mib2},
+                                                  {"size", 5 * mib2},
+                                                  {"stream", 4},
+                                                  {"time_us", 77},
+                                                  {"frames", pickle_value::make_list()}});
+  const allocation_trace t = read_value(snapshot(
+      {segment(seg_addr, 2 * mib2,
+               {block(seg_addr, 1024, 1000, "active_allocated"),
+                block(seg_addr + 1024, 1024, 900, "active_pending_free"),
+                block(seg_addr + 2048, 2 * mib2 - 2048, 0, "inactive")},
+               0, 6)},
+      {event("alloc", seg_addr + 4096, 300, 1, 6),
+       event("free_requested", seg_addr + 4096, 300, 2, 6),
+       event("free_requested", seg_addr, 1000, 3, 6), event("free_completed", seg_addr, 1000, 4, 6),
+       event("alloc", seg_addr, 1000, 5, 6), event("segment_alloc", seg_addr + 8 * mib2, mib2),
+       event("segment_free", seg_addr + 8 * mib2, mib2), oom,
+       event("free_completed", seg_addr + 4096, 300, 8, 6)}));
+  ASSERT_EQ(t.initial_events, 2u);  // seg_addr (freed later) and seg_addr + 1024 (pending)
+  ASSERT_TRUE(t.recorded_oom_event.has_value());
+  ASSERT_TRUE(t.device_memory.has_value());
+  const std::string bytes = trace_bytes(t);
+  const allocation_trace back = read_bytes(bytes);
+  EXPECT_EQ(back, t);
+  // What was written: the live blocks in segments of their own, the oom as an oom event.
+  const pickle_value v = gpumem::detail::unpickle(bytes);
+  std::uint64_t total = 0;
+  std::size_t live = 0;
+  for (const pickle_value& seg : v.find("segments")->as_list()) {
+    total += static_cast<std::uint64_t>(seg.find("total_size")->as_int());
+    for (const pickle_value& b : seg.find("blocks")->as_list()) {
+      live += b.find("state")->as_str() != "inactive" ? 1 : 0;
+    }
+  }
+  EXPECT_EQ(total, 2u * mib2);
+  EXPECT_EQ(live, 2u);
+  std::size_t ooms = 0;
+  for (const pickle_value& e : v.find("device_traces")->as_list()[0].as_list()) {
+    if (e.find("action")->as_str() == "oom") {
+      ++ooms;
+      EXPECT_EQ(e.find("device_free")->as_int(), 3 * mib2);
+      EXPECT_EQ(e.find("size")->as_int(), 5 * mib2);
+    }
+  }
+  EXPECT_EQ(ooms, 1u);
+}
+
+TEST(RoundTrip, TraceWithoutRecordedReservedGetsTheLeastThatFits) {
+  allocation_trace t;
+  t.events = {{trace_event_kind::alloc, 0x1000, 700, 0, 1},
+              {trace_event_kind::empty_cache, 0, 0, 0, 2},  // not written; read from the next
+              {trace_event_kind::segment_free, 0x9000, 300, 0, 2},
+              {trace_event_kind::alloc, 0x2000, 100, 0, 3}};
+  const allocation_trace back = read_bytes(trace_bytes(t));
+  // 300 bytes freed, 800 live at the end: at least 1,100 at the start.
+  EXPECT_EQ(back.recorded_initial_reserved, std::optional<std::uint64_t>(1100));
+  EXPECT_EQ(back.events, t.events);
+  t.recorded_initial_reserved = 1100;
+  EXPECT_EQ(back, [&] {
+    allocation_trace expected = t;
+    expected.source = "pytorch-snapshot";
+    return expected;
+  }());
+  // A recorded reserved memory that the segment frees or the live blocks overdraw is refused.
+  t.recorded_initial_reserved = 200;
+  EXPECT_THROW(trace_bytes(t), std::invalid_argument);
+  t.recorded_initial_reserved = 1000;
+  EXPECT_THROW(trace_bytes(t), std::invalid_argument);
+  t.events.push_back({trace_event_kind::free_completed, 0x2000, 100, 0, 5});  // not requested
+  t.recorded_initial_reserved = 5000;
+  EXPECT_THROW(trace_bytes(t), trace_error);
+}
+
+// A live block that no part of its segment holds would not be written; refused instead.
+TEST(Export, LiveBlockOutsideItsSegmentIsRefused) {
+  std::vector<segment_snapshot<std::uint64_t>> segments(1);
+  segments[0].address = 0x100000;
+  segments[0].blocks = {{0x100000, 4096, 4000, block_state::active_allocated}};
+  std::ostringstream out;
+  EXPECT_THROW(gpumem::write_pytorch_snapshot(out, segments, allocation_trace{}),
+               std::invalid_argument);  // total_size 0
+  segments[0].total_size = 4096;
+  gpumem::write_pytorch_snapshot(out, segments, allocation_trace{});
+  EXPECT_EQ(read_bytes(out.str()).events.size(), 1u);
+  segments[0].is_expandable = true;
+  segments[0].total_size = 1 << 20;
+  segments[0].reserved_ranges = {{0x101000, 4096}};
+  EXPECT_THROW(gpumem::write_pytorch_snapshot(out, segments, allocation_trace{}),
+               std::invalid_argument);
+}
+
+// Which runs of segment frees are the program's empty_cache and which the allocator's own.
+TEST(Rebuild, EmptyCacheFromReleasesThatAreNoRetry) {
+  constexpr std::int64_t mib = 1024 * 1024;
+  const std::int64_t a1 = seg_addr, a2 = seg_addr + 32 * mib, b = seg_addr + 64 * mib,
+                     c = seg_addr + 128 * mib, p = seg_addr + 256 * mib, q = seg_addr + 512 * mib,
+                     r = seg_addr + 1024 * mib;
+  // A 2 MiB segment held throughout (r's); the most reserved: 232 MiB, after q's segment_alloc.
+  // Built anew for each use: a pickle_value's copy shares its containers.
+  const auto build = [&]() {
+    return snapshot(
+        {segment(r, 2 * mib, {block(r, 2 * mib, 512, "active_allocated")})},
+        {event("segment_alloc", a1, 20 * mib), event("alloc", a1, 20 * mib),
+         event("segment_alloc", a2, 20 * mib), event("alloc", a2, 20 * mib),
+         event("free_requested", a1, 20 * mib), event("free_completed", a1, 20 * mib),
+         event("free_requested", a2, 20 * mib), event("free_completed", a2, 20 * mib),
+         // 8, 9: new memory follows for 20 MiB, which either freed segment held: an empty_cache
+         event("segment_free", a1, 20 * mib, 100), event("segment_free", a2, 20 * mib, 101),
+         event("segment_alloc", b, 20 * mib), event("alloc", b, 20 * mib),
+         event("free_requested", b, 20 * mib), event("free_completed", b, 20 * mib),
+         // 14: new memory follows for 30 MiB, which b's segment could not hold, but 22 MiB reserved
+         // plus 30 is less than the allocator held later: cudaMalloc did not fail, an empty_cache
+         event("segment_free", b, 20 * mib, 200), event("segment_alloc", c, 30 * mib),
+         event("alloc", c, 30 * mib), event("segment_alloc", p, 100 * mib),
+         event("alloc", p, 100 * mib), event("free_requested", p, 100 * mib),
+         event("free_completed", p, 100 * mib),
+         // 21: 132 MiB reserved plus 200 MiB is more than it ever held: a retry
+         event("segment_free", p, 100 * mib), event("segment_alloc", q, 200 * mib),
+         event("alloc", q, 200 * mib), event("free_requested", c, 30 * mib),
+         event("free_completed", c, 30 * mib), event("free_requested", q, 200 * mib),
+         event("free_completed", q, 200 * mib),
+         // 28: right before an oom event: a retry
+         event("segment_free", q, 200 * mib), event("oom", 0, 1 << 30),
+         // 30 (29 without the oom): after it, then a block event: an empty_cache
+         event("segment_free", c, 30 * mib, 300), event("alloc", r, 512)});
+  };
+  const auto empty_caches = [](const allocation_trace& t) {
+    std::vector<std::size_t> at;
+    for (std::size_t i = 0; i < t.events.size(); ++i) {
+      if (t.events[i].kind == trace_event_kind::empty_cache) at.push_back(i);
+    }
+    return at;
+  };
+  const allocation_trace t = read_value(build());
+  ASSERT_EQ(empty_caches(t), (std::vector<std::size_t>{8, 15, 34}));
+  EXPECT_EQ(t.events[8], (trace_event{trace_event_kind::empty_cache, 0, 0, 0, 100}));
+  EXPECT_EQ(t.events[9].kind, trace_event_kind::segment_free);
+  EXPECT_EQ(t.events[10].kind, trace_event_kind::segment_free);
+  EXPECT_EQ(t.events[15], (trace_event{trace_event_kind::empty_cache, 0, 0, 0, 200}));
+  EXPECT_EQ(t.recorded_oom_event, std::optional<std::size_t>(31));
+  EXPECT_EQ(t.events[34], (trace_event{trace_event_kind::empty_cache, 0, 0, 0, 300}));
+  EXPECT_EQ(t.events[35].kind, trace_event_kind::segment_free);
+  EXPECT_EQ(first_violation(t), "");
+  gpumem::validate_trace(t);
+  // Written back, the empty_cache events are not written and come back from the segment frees.
+  EXPECT_EQ(read_bytes(trace_bytes(t)), t);
+
+  // An allocator that collects garbage (garbage_collection_threshold) also gives back, inside a
+  // malloc, segments that it could have kept: only a freed segment that fits the request shows
+  // an empty_cache then. As a setting of its own (newer snapshots) or in the configuration.
+  for (const bool own_setting : {true, false}) {
+    SCOPED_TRACE(own_setting);
+    pickle_value gc = build();
+    gc.as_dict().emplace_back(
+        "allocator_settings",
+        own_setting ? pickle_value::make_dict(dict{{"PYTORCH_CUDA_ALLOC_CONF", ""},
+                                                   {"garbage_collection_threshold", 0.6}})
+                    : pickle_value::make_dict(
+                          dict{{"PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold:0.6"}}));
+    EXPECT_EQ(empty_caches(read_value(gc)), (std::vector<std::size_t>{8, 33}));
+  }
+  pickle_value no_gc = build();
+  no_gc.as_dict().emplace_back(
+      "allocator_settings", pickle_value::make_dict(dict{{"PYTORCH_CUDA_ALLOC_CONF", ""},
+                                                         {"garbage_collection_threshold", 0.0}}));
+  EXPECT_EQ(empty_caches(read_value(no_gc)), (std::vector<std::size_t>{8, 15, 34}));
+}
+
+// A program that empties the cache between two phases: the replay empties its cache there too, and
+// classic under the recorded settings then reserves what PyTorch reserved.
+TEST(Rebuild, EmptyCacheReplaysUnderEveryPolicy) {
+  constexpr std::int64_t mib = 1024 * 1024;
+  const std::int64_t a1 = seg_addr, a2 = seg_addr + 32 * mib, x = seg_addr + 64 * mib,
+                     y = seg_addr + 128 * mib;
+  const allocation_trace t = read_value(
+      snapshot({segment(x, 20 * mib, {block(x, 20 * mib, 20 * mib, "active_allocated")}),
+                segment(y, 60 * mib, {block(y, 60 * mib, 60 * mib, "active_allocated")})},
+               {event("segment_alloc", a1, 20 * mib), event("alloc", a1, 20 * mib),
+                event("segment_alloc", a2, 20 * mib), event("alloc", a2, 20 * mib),
+                event("free_requested", a1, 20 * mib), event("free_completed", a1, 20 * mib),
+                event("free_requested", a2, 20 * mib), event("free_completed", a2, 20 * mib),
+                event("segment_free", a1, 20 * mib), event("segment_free", a2, 20 * mib),
+                event("segment_alloc", x, 20 * mib), event("alloc", x, 20 * mib),
+                event("segment_alloc", y, 60 * mib), event("alloc", y, 60 * mib)}));
+  const std::uint64_t recorded_peak = figures(t).peak_reserved;
+  ASSERT_EQ(recorded_peak, 80u * mib);  // 40 MiB, then none, then 20 + 60
+  ASSERT_EQ(
+      std::count_if(t.events.begin(), t.events.end(),
+                    [](const trace_event& e) { return e.kind == trace_event_kind::empty_cache; }),
+      1);
+  allocation_trace without = t;  // what a replay saw before the empty_cache events were derived
+  without.events.erase(
+      std::remove_if(without.events.begin(), without.events.end(),
+                     [](const trace_event& e) { return e.kind == trace_event_kind::empty_cache; }),
+      without.events.end());
+  const auto replay = [](const allocation_trace& trace, const std::string& config) {
+    gpumem::replay_options ro;
+    ro.device_memory = 1024 * static_cast<std::size_t>(mib);
+    ro.config = gpumem::allocator_config::parse(config);
+    ro.record_samples = true;
+    ro.check_invariants = true;
+    return gpumem::replay_trace(gpumem::compile_trace(trace), ro);
+  };
+  // Classic with the recorded settings (none): PyTorch's peak, to the byte; 100 MiB before.
+  const gpumem::replay_result classic = replay(t, "policy:classic");
+  ASSERT_TRUE(classic.completed);
+  EXPECT_EQ(classic.peak_reserved, recorded_peak);
+  EXPECT_EQ(replay(without, "policy:classic").peak_reserved, 100u * mib);
+  // Every policy empties its cache there: nothing reserved right after the empty_cache event.
+  const std::size_t empty_at = static_cast<std::size_t>(
+      std::find_if(t.events.begin(), t.events.end(),
+                   [](const trace_event& e) { return e.kind == trace_event_kind::empty_cache; }) -
+      t.events.begin());
+  for (const char* config : {"policy:classic", "policy:expandable", "policy:stitch"}) {
+    SCOPED_TRACE(config);
+    const gpumem::replay_result r = replay(t, config);
+    ASSERT_TRUE(r.completed);
+    ASSERT_GT(r.samples.size(), empty_at);
+    EXPECT_GT(r.samples[empty_at - 1].reserved, 0u);
+    EXPECT_EQ(r.samples[empty_at].reserved, 0u);
+    EXPECT_LE(r.peak_reserved, replay(without, config).peak_reserved);
+  }
+}
+
+// Snapshots that PyTorch's own allocator (torch 2.11, on gpumem's CUDA simulator, a 1 GiB device)
+// recorded from a program that empties its cache between phases (tests/data/empty_cache/record.py):
+// its empty_cache calls are found, not its out-of-memory retries (one that succeeds, one that
+// fails) nor its garbage collection; replayed as recorded, classic reserves what PyTorch did.
+TEST(RecordedByPyTorch, EmptyCacheCallsNotRetriesNorGarbageCollection) {
+  struct pytorch_run {
+    const char* file;
+    std::vector<std::size_t> empty_caches;  // where, in the trace
+    const char* config;                     // what --config recorded stands for
+    std::uint64_t peak_without;             // classic's peak before empty_cache was derived
+  };
+  constexpr std::uint64_t mib = 1024 * 1024;
+  for (const pytorch_run& rec : {
+           // 8-9 (an empty_cache before new memory of another shape), 16 (before a request the
+           // freed segment held), 83; not 62-72 (the retry that succeeds) nor 77 (the oom's)
+           pytorch_run{"classic.pickle", {8, 17, 87}, "policy:classic", 1000 * mib},
+           pytorch_run{"expandable.pickle", {8, 16, 74}, "policy:expandable", 0},
+           // 16-19 is the garbage collection before 150 MiB, 24 the empty_cache
+           pytorch_run{"gc.pickle", {24}, "", 0},
+       }) {
+    SCOPED_TRACE(rec.file);
+    const allocation_trace t =
+        gpumem::read_pytorch_snapshot(std::string(GPUMEM_TEST_DATA) + "/empty_cache/" + rec.file);
+    std::vector<std::size_t> at;
+    for (std::size_t i = 0; i < t.events.size(); ++i) {
+      if (t.events[i].kind == trace_event_kind::empty_cache) at.push_back(i);
+    }
+    EXPECT_EQ(at, rec.empty_caches);
+    EXPECT_EQ(first_violation(t), "");
+    EXPECT_EQ(read_bytes(trace_bytes(t)), t);
+    if (*rec.config == '\0') continue;  // gc.pickle: the fraction it ran under is not recorded
+    gpumem::replay_options ro;
+    ASSERT_TRUE(t.device_memory.has_value());
+    ro.device_memory = static_cast<std::size_t>(*t.device_memory);
+    ro.config = gpumem::allocator_config::parse(rec.config);
+    const gpumem::replay_result r = gpumem::replay_trace(gpumem::compile_trace(t), ro);
+    EXPECT_EQ(r.oom_event_index, t.recorded_oom_event);  // the recorded out-of-memory, reproduced
+    EXPECT_EQ(r.peak_reserved, figures(t).peak_reserved);
+    if (rec.peak_without > 0) {
+      allocation_trace without = t;
+      without.events.erase(std::remove_if(without.events.begin(), without.events.end(),
+                                          [](const trace_event& e) {
+                                            return e.kind == trace_event_kind::empty_cache;
+                                          }),
+                           without.events.end());
+      without.recorded_oom_event = *t.recorded_oom_event - 2;  // two empty_cache events before
+      EXPECT_EQ(gpumem::replay_trace(gpumem::compile_trace(without), ro).peak_reserved,
+                rec.peak_without);
+    }
+  }
 }
 
 TEST(Rebuild, OldSchemaBlocksWithoutAddress) {
@@ -796,6 +1183,15 @@ TEST(Malformed, EventsSayWhichEvent) {
   expect_refused(snapshot(one_segment, {pickle_value::make_dict(dict{{"action", "alloc"}})}),
                  {"event 0", "no 'addr'"});
   expect_refused(snapshot(one_segment, {pickle_value::make_list()}), {"event 0", "not a dict"});
+  // The device's memory at an out-of-memory (reserved + device_free) beyond 64 bits.
+  constexpr std::int64_t most = std::numeric_limits<std::int64_t>::max();
+  expect_refused(
+      snapshot(
+          {segment(0, most, {}), segment(0, most, {})},
+          {event("alloc", seg_addr, 8), event("free_requested", seg_addr, 8),
+           event("free_completed", seg_addr, 8),
+           pickle_value::make_dict(dict{{"action", "oom"}, {"device_free", most}, {"size", 8}})}),
+      {"event 3", "'device_free' and the reserved memory overflow 64 bits"});
 }
 
 // Pickle opcodes, for snapshots that pickle_dumps would not write (shared through the memo).

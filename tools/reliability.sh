@@ -86,17 +86,23 @@ if CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebIn
   printf '%s' "max_split_size_mb:128,roundup_power2_divisions:[256:1,512:2,>:4]" >"$corpus/config/a"
   printf '%s' "expandable_segments:True,garbage_collection_threshold:0.6,policy:stitch" >"$corpus/config/b"
   printf '%s' "per_process_memory_fraction:0.5,pinned_num_register_threads:8" >"$corpus/config/c"
-  # The RMM CSV seed: a bundled trace converted by gpumem-replay.
+  # The RMM CSV and PyTorch snapshot seeds: bundled traces converted and exported by gpumem-replay.
   if cmake -S . -B build-asan >/dev/null 2>&1 && [ -x build-asan/tools/replay/gpumem-replay ]; then
     replay=build-asan/tools/replay/gpumem-replay
     seed=examples/traces/resnet50-b32.trace
     "$replay" "$seed" --convert "$corpus/rmm_csv/seed.csv" >/dev/null 2>&1 || true
+    "$replay" "$seed" --export-snapshot "$corpus/pytorch_snapshot/seed.pickle" >/dev/null 2>&1 || true
+    # A workload that empties the cache: segment frees that the reader takes for empty_cache calls.
+    "$replay" examples/traces/workloads/inference_varying_inputs.trace --config policy:classic \
+      --export-snapshot "$corpus/pytorch_snapshot/empty_cache.pickle" >/dev/null 2>&1 || true
   fi
-  # No PyTorch snapshot seeds for now: a trace read from a real snapshot (examples/traces/real) or
-  # from gpumem-replay's own export does not read back the same once write_pytorch_snapshot wrote
-  # it again (initial events lost; allocs the reader then finds neither live nor freed), which
-  # fuzz_pytorch_snapshot's round trip reports at once. A known defect of the snapshot writer, to
-  # be fixed with it; until then the target starts from an empty corpus.
+  # PyTorch snapshot seeds: the real snapshots (a recording from program start, one that began with
+  # blocks already live, a state-only one), gpumem-replay's exports above and the small snapshots
+  # PyTorch's own allocator recorded with empty_cache calls, retries and garbage collection.
+  # fuzz_pytorch_snapshot writes each trace back with write_pytorch_snapshot(out, trace), initial
+  # events included, and checks that it reads back unchanged.
+  cp examples/traces/real/*.pickle "$corpus/pytorch_snapshot/"
+  for f in tests/data/empty_cache/*.pickle; do cp "$f" "$corpus/pytorch_snapshot/empty_cache_$(basename "$f")"; done
   head -c 3000 /dev/urandom >"$corpus/allocator_ops/random"
   for name in config native_trace rmm_csv pytorch_snapshot allocator_ops replay parse_size; do
     log=$out/fuzz_$name.log

@@ -418,6 +418,46 @@ expect_in "$err" 'steps needs a number of steps' "--steps 2x refused"
 run 2 "$gpt2" --steps 3 --find-min-memory
 expect_in "$err" 'steps does not combine with' "--steps with --find-min-memory refused"
 
+# A program that empties the cache between two phases (two 20 MiB segments freed, no allocation
+# for them to make room for): the snapshot has only the segment frees; replayed as recorded, the
+# cache is emptied there too and classic reserves PyTorch's 80 MiB, not 100 MiB.
+if command -v python3 >/dev/null; then
+  python3 - "$work/empty_cache.pickle" <<'PY' || fail "building an empty_cache snapshot"
+import pickle, sys
+mib = 1 << 20
+a1, a2, x, y = 0x7F0000000000, 0x7F0002000000, 0x7F0004000000, 0x7F0008000000
+def ev(action, addr, size):
+    return {"action": action, "addr": addr, "size": size, "stream": 0, "frames": []}
+def seg(addr, size):
+    return {"device": 0, "address": addr, "total_size": size, "stream": 0, "segment_type": "large",
+            "blocks": [{"address": addr, "size": size, "requested_size": size,
+                        "state": "active_allocated", "frames": []}]}
+trace = []
+for a in (a1, a2):
+    trace += [ev("segment_alloc", a, 20 * mib), ev("alloc", a, 20 * mib)]
+for a in (a1, a2):
+    trace += [ev("free_requested", a, 20 * mib), ev("free_completed", a, 20 * mib)]
+trace += [ev("segment_free", a1, 20 * mib), ev("segment_free", a2, 20 * mib)]
+trace += [ev("segment_alloc", x, 20 * mib), ev("alloc", x, 20 * mib)]
+trace += [ev("segment_alloc", y, 60 * mib), ev("alloc", y, 60 * mib)]
+pickle.dump({"segments": [seg(x, 20 * mib), seg(y, 60 * mib)], "device_traces": [trace],
+             "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": ""}}, open(sys.argv[1], "wb"))
+PY
+  run 0 "$work/empty_cache.pickle" --config recorded --json
+  python3 - "$work/out" <<'PY' || fail "--config recorded reserves what a program that empties the cache recorded"
+import json, sys
+r = json.load(open(sys.argv[1]))
+r = r[0] if isinstance(r, list) else r
+assert r["recorded_segment_frees"] == 2, r["recorded_segment_frees"]
+assert r["recorded_peak_reserved_bytes"] == 80 << 20, r["recorded_peak_reserved_bytes"]
+assert r["peak_reserved_bytes"] == r["recorded_peak_reserved_bytes"], r["peak_reserved_bytes"]
+PY
+  for config in policy:classic policy:expandable policy:stitch; do
+    run 0 "$work/empty_cache.pickle" --config "$config"
+    expect_in "$out" "result:  completed" "empty_cache snapshot under $config"
+  done
+fi
+
 if ((failures > 0)); then
   echo "$failures check(s) failed" >&2
   exit 1

@@ -11,9 +11,13 @@
 //
 // Mapping: alloc, free_requested, free_completed, segment_alloc and segment_free keep their
 // names; segment_map / segment_unmap (expandable segments) become segment_alloc / segment_free;
-// snapshot markers are dropped. The first oom event becomes the request that failed, at its place:
-// an alloc of the requested size at address 0 followed by its free (recorded_oom_event is its
-// index), so that a replay tries it; device_memory is then what the allocator could have had,
+// snapshot markers are dropped. A run of segment frees that is not the allocator's own (an
+// out-of-memory retry or a garbage collection, which an oom event follows at once, or new memory
+// for a request that none of the freed segments could hold and the device could not hold without
+// them) is the program's torch.cuda.empty_cache(): an empty_cache event goes before it, so that a
+// replay empties its cache there too. The first oom event becomes the request that failed, at its
+// place: an alloc of the requested size at address 0 followed by its free (recorded_oom_event is
+// its index), so that a replay tries it; device_memory is then what the allocator could have had,
 // PyTorch's reserved memory at that moment plus the device's free memory ('device_free'). Both the
 // old schema (blocks without 'address', 'history' instead of 'frames') and the current one are
 // read. Frames (stack traces) are not kept.
@@ -24,7 +28,8 @@
 // memory (is_expandable, as PyTorch writes expandable segments); a history of
 // snapshot_trace_entry events (a replay's) carries segment and oom events as well, so that
 // memory_viz, which rebuilds the memory at each event from the final segments, shows the
-// allocator's reserved memory at each one.
+// allocator's reserved memory at each one. A trace alone (one read from a snapshot) is written with
+// its own state at its end as its segments, so that it reads back unchanged.
 #pragma once
 
 #include <algorithm>
@@ -163,6 +168,18 @@ std::uint64_t snapshot_stream_id(const Stream& s) noexcept {
   }
 }
 
+// Whether the free segment that `release` gave back could have served `request` in PyTorch's
+// allocator: the same stream, the same pool (requests up to 1 MiB come from the small pool, whose
+// segments are 2 MiB; larger ones from segments above 2 MiB) and enough bytes.
+inline bool snapshot_release_could_serve(const trace_event& release,
+                                         const trace_event& request) noexcept {
+  constexpr std::uint64_t small_request = std::uint64_t{1} << 20;
+  constexpr std::uint64_t small_segment = std::uint64_t{2} << 20;
+  if (release.stream != request.stream || release.size < request.size) return false;
+  return request.size <= small_request ? release.size == small_segment
+                                       : release.size > small_segment;
+}
+
 /// The trace of `device` in an unpickled snapshot; see read_pytorch_snapshot.
 inline allocation_trace pytorch_snapshot_trace(const pickle_value& root, int device) {
   using place = snapshot_place;
@@ -279,12 +296,14 @@ inline allocation_trace pytorch_snapshot_trace(const pickle_value& root, int dev
   // The first out-of-memory: where it happened in `history`, the request, the device's free bytes.
   struct recorded_oom {
     std::size_t at = 0;
+    std::size_t index = 0;  // in the device's trace
     std::uint64_t size = 0;
     std::uint64_t stream = 0;
     std::int64_t time_us = no_time;
     std::optional<std::uint64_t> device_free;
   };
   std::optional<recorded_oom> oom;
+  std::vector<std::size_t> oom_positions;  // where in `history` each oom event was, first or not
   for (std::size_t ei = 0; events != nullptr && ei < events->size(); ++ei) {
     const pickle_value& e = (*events)[ei];
     const place at{place::what::event, ei, 0, e.offset()};
@@ -327,9 +346,11 @@ inline allocation_trace pytorch_snapshot_trace(const pickle_value& root, int dev
     } else if (action == "segment_free" || action == "segment_unmap") {
       ev.kind = trace_event_kind::segment_free;
     } else if (action == "oom") {
+      oom_positions.push_back(history.size());
       if (!oom && size_v != nullptr && size_v->is_int() && size_v->as_int() > 0) {
         recorded_oom o;
         o.at = history.size();
+        o.index = ei;
         o.size = snapshot_unsigned(*size_v, "size", at);
         if (stream_v != nullptr)
           o.stream = static_cast<std::uint64_t>(snapshot_int(*stream_v, "stream", at));
@@ -452,6 +473,80 @@ inline allocation_trace pytorch_snapshot_trace(const pickle_value& root, int dev
           trace_event{trace_event_kind::free_requested, address, b.size, b.stream, no_time});
     }
   }
+  // The allocator's settings: its configuration, and whether it collects garbage
+  // (garbage_collection_threshold, in the configuration or as a setting of its own above 0).
+  bool collects_garbage = false;
+  if (const pickle_value* settings = root.find("allocator_settings");
+      settings != nullptr && settings->is_dict()) {
+    if (const pickle_value* conf = settings->find("PYTORCH_CUDA_ALLOC_CONF");
+        conf != nullptr && conf->is_str()) {
+      trace.recorded_config = conf->as_str();
+      collects_garbage =
+          trace.recorded_config.find("garbage_collection_threshold") != std::string::npos;
+    }
+    if (const pickle_value* gc = settings->find("garbage_collection_threshold"); gc != nullptr) {
+      collects_garbage = collects_garbage || (gc->is_float() && gc->as_float() > 0) ||
+                         (gc->is_int() && gc->as_int() > 0);
+    }
+  }
+
+  // The program's empty_cache calls. PyTorch's allocator gives memory back on its own only inside
+  // a malloc that found no cached block to fit, right before it asks the device again: its
+  // out-of-memory retry (cudaMalloc failed: cached segments released, then cudaMalloc again, or
+  // the oom event when that fails too) and its garbage collection (garbage_collection_threshold).
+  // So a run of segment frees (segment_free / segment_unmap, no oom event between them) is the
+  // allocator's own when an oom event follows it, or when a segment_alloc / segment_map follows
+  // it for an alloc that none of the freed segments could have held, and (unless the allocator
+  // collects garbage) that the device could not have held without them: what was reserved before
+  // the run plus the new memory exceeds all the allocator ever held and, where an oom event says
+  // it, what it could have had then. Any other run is an empty_cache, which releases every free
+  // cached segment at once: one empty_cache event, before the run.
+  std::vector<bool> oom_before(history.size() + 1, false);  // an oom event right before event k
+  for (const std::size_t k : oom_positions) oom_before[k] = true;
+  const auto is_release = [&history](std::size_t k) {
+    return history[k].event.kind == trace_event_kind::segment_free;
+  };
+  std::uint64_t capacity = reserved;  // the most the allocator held or could have had
+  {
+    std::uint64_t level = reserved;
+    for (std::size_t k = 0; k <= history.size(); ++k) {
+      if (oom && oom->at == k && oom->device_free) {
+        if (*oom->device_free > std::numeric_limits<std::uint64_t>::max() - level) {
+          snapshot_fail(place{place::what::event, oom->index, 0, 0},
+                        "'device_free' and the reserved memory overflow 64 bits");
+        }
+        capacity = std::max(capacity, level + *oom->device_free);
+      }
+      if (k == history.size()) break;
+      const trace_event& ev = history[k].event;
+      if (ev.kind == trace_event_kind::segment_alloc)
+        level += ev.size;  // undone above: no overflow
+      if (ev.kind == trace_event_kind::segment_free) level -= std::min(level, ev.size);
+      capacity = std::max(capacity, level);
+    }
+  }
+  // Whether the run of releases [k, end), before which `before` bytes were reserved, is the
+  // allocator's own.
+  const auto allocators_own = [&](std::size_t k, std::size_t end, std::uint64_t before) {
+    if (oom_before[end]) return true;
+    std::uint64_t taken = 0;  // the new memory
+    std::size_t m = end;
+    while (m < history.size() && history[m].event.kind == trace_event_kind::segment_alloc &&
+           !oom_before[m]) {
+      taken =
+          std::min(taken + history[m].event.size, std::numeric_limits<std::uint64_t>::max() / 2);
+      ++m;
+    }
+    if (m == end) return false;  // no new memory follows
+    if (m == history.size() || oom_before[m] || history[m].event.kind != trace_event_kind::alloc) {
+      return true;  // new memory for no allocation: not the program's
+    }
+    for (std::size_t r = k; r < end; ++r) {
+      if (snapshot_release_could_serve(history[r].event, history[m].event)) return false;
+    }
+    return collects_garbage || taken > capacity - std::min(before, capacity);
+  };
+
   // The request that failed, where it failed (address 0 is never a block's), then its free: a
   // replay tries it there. What the allocator could have had: its reserved memory then (after the
   // segments its out-of-memory path freed) and what the device had free.
@@ -469,6 +564,13 @@ inline allocation_trace pytorch_snapshot_trace(const pickle_value& root, int dev
     }
     if (k == history.size()) break;
     const trace_event& ev = history[k].event;
+    if (is_release(k) && (k == 0 || !is_release(k - 1) || oom_before[k])) {
+      std::size_t end = k + 1;
+      while (end < history.size() && is_release(end) && !oom_before[end]) ++end;
+      if (!allocators_own(k, end, reserved_then)) {
+        trace.events.push_back(trace_event{trace_event_kind::empty_cache, 0, 0, 0, ev.time_us});
+      }
+    }
     if (ev.kind == trace_event_kind::segment_alloc) reserved_then += ev.size;
     if (ev.kind == trace_event_kind::segment_free)
       reserved_then -= std::min(reserved_then, ev.size);
@@ -476,12 +578,6 @@ inline allocation_trace pytorch_snapshot_trace(const pickle_value& root, int dev
   }
 
   trace.source = "pytorch-snapshot";
-  if (const pickle_value* settings = root.find("allocator_settings")) {
-    if (const pickle_value* conf = settings->find("PYTORCH_CUDA_ALLOC_CONF");
-        conf != nullptr && conf->is_str()) {
-      trace.recorded_config = conf->as_str();
-    }
-  }
   trace.recorded_initial_reserved = reserved;
   return trace;
 }
@@ -526,6 +622,21 @@ pickle_value::sequence pytorch_snapshot_segments(
     std::vector<std::pair<std::uintptr_t, std::size_t>> whole;
     if (!s.is_expandable && s.reserved_ranges.empty()) whole.emplace_back(s.address, s.total_size);
     const auto& parts = whole.empty() ? s.reserved_ranges : whole;
+    // A live block outside every part would not be written at all: the snapshot would lose it
+    // (and a reader its alloc), so it is refused.
+    for (const block_snapshot& b : s.blocks) {
+      if (b.state == block_state::inactive) continue;
+      const bool inside = std::any_of(parts.begin(), parts.end(), [&b](const auto& part) {
+        return b.address >= part.first &&
+               std::uint64_t{b.address} + b.size <= std::uint64_t{part.first} + part.second;
+      });
+      if (!inside) {
+        throw std::invalid_argument(fmt::format(
+            "write_pytorch_snapshot: the {} block at 0x{:x} ({} bytes) is not inside {}",
+            snapshot_state_name(b.state), b.address, b.size,
+            whole.empty() ? "one reserved range of its segment" : "its segment"));
+      }
+    }
     for (const auto& [lo, part_size] : parts) {
       const std::uint64_t hi = static_cast<std::uint64_t>(lo) + part_size;
       seq blocks;
@@ -536,13 +647,7 @@ pickle_value::sequence pytorch_snapshot_segments(
         const std::uint64_t b_lo = std::max<std::uint64_t>(b.address, lo);
         const std::uint64_t b_hi = std::min<std::uint64_t>(std::uint64_t{b.address} + b.size, hi);
         if (b_lo >= b_hi) continue;
-        const bool live = b.state != block_state::inactive;
-        if (live && (b_lo != b.address || b_hi != b.address + b.size)) {
-          throw std::invalid_argument(fmt::format(
-              "write_pytorch_snapshot: the {} block at 0x{:x} ({} bytes) is not inside one "
-              "reserved range of its segment",
-              snapshot_state_name(b.state), b.address, b.size));
-        }
+        const bool live = b.state != block_state::inactive;  // inside this part (checked above)
         if (b.state == block_state::active_allocated) allocated += b.size;
         if (live) {
           active += b.size;
@@ -631,6 +736,195 @@ pickle_value pytorch_snapshot_value(const std::vector<segment_snapshot<Stream>>&
                                history.recorded_config, device);
 }
 
+/// A trace's state at its end, what write_pytorch_snapshot(out, trace) writes as its segments: the
+/// blocks live then (address order; the size and stream of their alloc; pending when their free
+/// was requested and has not completed) and the bytes reserved then. The reserved bytes start from
+/// recorded_initial_reserved and follow the segment events; a trace without
+/// recorded_initial_reserved starts from the least that keeps them from going below 0 and covers
+/// the blocks live at the end.
+struct snapshot_end_state {
+  struct live_block {
+    std::uint64_t address = 0;
+    std::uint64_t size = 0;
+    std::uint64_t stream = 0;
+    bool pending = false;
+  };
+  std::vector<live_block> live;
+  std::uint64_t live_bytes = 0;  // may exceed `reserved` for a trace no allocator recorded
+  std::uint64_t reserved = 0;
+  std::uint64_t initial_reserved = 0;
+};
+
+/// Throws std::invalid_argument when the reserved bytes would go below 0 or past 64 bits.
+inline snapshot_end_state pytorch_snapshot_end_state(const allocation_trace& trace) {
+  std::unordered_map<std::uint64_t, std::size_t> index;  // address -> position in `blocks`
+  std::vector<snapshot_end_state::live_block> blocks;
+  // Reserved bytes relative to the start: their lowest point and their end.
+  constexpr std::uint64_t max = std::numeric_limits<std::uint64_t>::max();
+  std::uint64_t up = 0;       // bytes segment_alloc added
+  std::uint64_t down = 0;     // bytes segment_free took
+  std::uint64_t deepest = 0;  // the most `down - up` ever was
+  for (const trace_event& e : trace.events) {
+    switch (e.kind) {
+      case trace_event_kind::alloc:
+        index[e.address] = blocks.size();
+        blocks.push_back({e.address, e.size, e.stream, false});
+        break;
+      case trace_event_kind::free_requested:
+        if (const auto f = index.find(e.address); f != index.end())
+          blocks[f->second].pending = true;
+        break;
+      case trace_event_kind::free_completed:
+        if (const auto f = index.find(e.address); f != index.end()) {
+          blocks[f->second].size = 0;  // gone
+          index.erase(f);
+        }
+        break;
+      case trace_event_kind::segment_alloc:
+        if (e.size > max - up) {
+          throw std::invalid_argument("write_pytorch_snapshot: segment sizes overflow 64 bits");
+        }
+        up += e.size;
+        break;
+      case trace_event_kind::segment_free:
+        if (e.size > max - down) {
+          throw std::invalid_argument("write_pytorch_snapshot: segment sizes overflow 64 bits");
+        }
+        down += e.size;
+        if (down > up) deepest = std::max(deepest, down - up);
+        break;
+      case trace_event_kind::record_stream:
+      case trace_event_kind::empty_cache:
+        break;
+    }
+  }
+  snapshot_end_state st;
+  for (const auto& [address, i] : index) st.live.push_back(blocks[i]);
+  std::sort(st.live.begin(), st.live.end(),
+            [](const auto& a, const auto& b) { return a.address < b.address; });
+  for (const auto& b : st.live) {
+    if (b.size > max - st.live_bytes) {
+      throw std::invalid_argument("write_pytorch_snapshot: live block sizes overflow 64 bits");
+    }
+    st.live_bytes += b.size;
+  }
+  if (trace.recorded_initial_reserved) {
+    st.initial_reserved = *trace.recorded_initial_reserved;
+    if (deepest > st.initial_reserved) {
+      throw std::invalid_argument(fmt::format(
+          "write_pytorch_snapshot: the segment frees take {} bytes more than the trace had "
+          "reserved (recorded_initial_reserved {})",
+          deepest - st.initial_reserved, st.initial_reserved));
+    }
+  } else {
+    // At least `deepest`, and enough that the end holds the live blocks.
+    std::uint64_t need = 0;
+    if (up >= down) {
+      need = st.live_bytes > up - down ? st.live_bytes - (up - down) : 0;
+    } else if (st.live_bytes > max - (down - up)) {
+      throw std::invalid_argument("write_pytorch_snapshot: segment sizes overflow 64 bits");
+    } else {
+      need = st.live_bytes + (down - up);
+    }
+    st.initial_reserved = std::max(deepest, need);
+  }
+  if (up > max - st.initial_reserved) {
+    throw std::invalid_argument("write_pytorch_snapshot: segment sizes overflow 64 bits");
+  }
+  st.reserved = st.initial_reserved + up - down;
+  return st;
+}
+
+/// The snapshot written by write_pytorch_snapshot from a trace alone, as a value.
+inline pickle_value pytorch_snapshot_value(const allocation_trace& trace, int device) {
+  if (device < 0) {
+    throw std::invalid_argument(fmt::format("write_pytorch_snapshot: device {} < 0", device));
+  }
+  validate_trace(trace);
+  const snapshot_end_state st = pytorch_snapshot_end_state(trace);
+  if (st.live_bytes > st.reserved) {
+    throw std::invalid_argument(
+        fmt::format("write_pytorch_snapshot: the blocks live at the end of the trace hold {} "
+                    "bytes, more than it had reserved then ({})",
+                    st.live_bytes, st.reserved));
+  }
+  // One segment per live block, just its size; the rest of the reserved bytes in free segments at
+  // address 0 (the trace does not say where they were), at most INT64_MAX bytes each.
+  std::vector<segment_snapshot<std::uint64_t>> segments;
+  for (const auto& b : st.live) {
+    segment_snapshot<std::uint64_t> s;
+    s.address = static_cast<std::uintptr_t>(b.address);
+    s.total_size = static_cast<std::size_t>(b.size);
+    s.stream = b.stream;
+    s.blocks.push_back(block_snapshot{
+        static_cast<std::uintptr_t>(b.address), static_cast<std::size_t>(b.size),
+        static_cast<std::size_t>(b.size),
+        b.pending ? block_state::active_pending_free : block_state::active_allocated});
+    segments.push_back(std::move(s));
+  }
+  constexpr std::uint64_t piece =
+      static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  for (std::uint64_t rest = st.reserved - st.live_bytes; rest > 0 || segments.empty();) {
+    segment_snapshot<std::uint64_t> held;
+    held.total_size = static_cast<std::size_t>(std::min(rest, piece));
+    if (held.total_size > 0) {
+      held.blocks.push_back(block_snapshot{0, held.total_size, 0, block_state::inactive});
+    }
+    rest -= held.total_size;
+    segments.push_back(std::move(held));
+  }
+
+  // The events after the initial ones; the recorded out-of-memory (an alloc at address 0 and its
+  // free, as the reader makes it) goes back to an oom event, with the device's free memory then.
+  using dict = pickle_value::dict_items;
+  using seq = pickle_value::sequence;
+  const auto stream_value = [](std::uint64_t id) {
+    return pickle_value(static_cast<std::int64_t>(id));
+  };
+  seq events;
+  events.reserve(trace.events.size() - trace.initial_events);
+  std::uint64_t reserved = st.initial_reserved;
+  for (std::size_t i = trace.initial_events; i < trace.events.size(); ++i) {
+    const trace_event& ev = trace.events[i];
+    if (trace.recorded_oom_event == i && i + 2 < trace.events.size() &&
+        ev.kind == trace_event_kind::alloc && ev.address == 0 &&
+        trace.events[i + 1].kind == trace_event_kind::free_requested &&
+        trace.events[i + 1].address == 0 &&
+        trace.events[i + 2].kind == trace_event_kind::free_completed &&
+        trace.events[i + 2].address == 0) {
+      dict e{{"action", pickle_value("oom")}};
+      if (trace.device_memory && *trace.device_memory >= reserved) {
+        e.emplace_back("device_free",
+                       snapshot_int_value(*trace.device_memory - reserved, "device_free"));
+      }
+      e.emplace_back("size", snapshot_int_value(ev.size, "event size"));
+      e.emplace_back("stream", stream_value(ev.stream));
+      if (ev.time_us != no_time) e.emplace_back("time_us", pickle_value(ev.time_us));
+      e.emplace_back("frames", pickle_value::make_list());
+      events.push_back(pickle_value::make_dict(std::move(e)));
+      i += 2;
+      continue;
+    }
+    if (ev.kind == trace_event_kind::segment_alloc) reserved += ev.size;
+    if (ev.kind == trace_event_kind::segment_free) reserved -= ev.size;
+    // PyTorch's traces have no such events (an empty_cache shows as the segment frees it makes).
+    if (ev.kind == trace_event_kind::record_stream || ev.kind == trace_event_kind::empty_cache) {
+      continue;
+    }
+    dict e{
+        {"action", pickle_value(to_string(ev.kind))},
+        {"addr", snapshot_int_value(ev.address, "event address")},
+        {"size", snapshot_int_value(ev.size, "event size")},
+        {"stream", stream_value(ev.stream)},
+    };
+    if (ev.time_us != no_time) e.emplace_back("time_us", pickle_value(ev.time_us));
+    e.emplace_back("frames", pickle_value::make_list());
+    events.push_back(pickle_value::make_dict(std::move(e)));
+  }
+  return pytorch_snapshot_dict(pytorch_snapshot_segments(segments, device), std::move(events),
+                               trace.recorded_config, device);
+}
+
 /// The snapshot written by write_pytorch_snapshot from snapshot_trace_entry events, as a value.
 template <class Stream>
 pickle_value pytorch_snapshot_value(const std::vector<segment_snapshot<Stream>>& segments,
@@ -666,10 +960,20 @@ pickle_value pytorch_snapshot_value(const std::vector<segment_snapshot<Stream>>&
 /// The first `initial_events` events are allocs of the blocks live before recording began
 /// (requested sizes, address order, their segment's stream, no time); blocks whose free was
 /// already requested then get a free_requested right after them. Then come the recorded events,
-/// oldest first. `recorded_initial_reserved` is what PyTorch held from the device before the first
-/// event; `recorded_config` is allocator_settings' PYTORCH_CUDA_ALLOC_CONF ("" when absent);
-/// `source` is "pytorch-snapshot". The result passes the trace validity rules of
-/// docs/trace_format.md.
+/// oldest first, with an empty_cache event (address, size and stream 0; the time of the first
+/// release) before each run of consecutive segment_free / segment_unmap events (no oom event
+/// between them) that is the program's empty_cache: any run but those that an oom event follows,
+/// or a segment_alloc / segment_map for an alloc that none of the freed segments could have held
+/// (same stream, same pool, enough bytes) and, unless the allocator collects garbage
+/// (garbage_collection_threshold in allocator_settings), that the device could not have held
+/// without them (what was reserved before the run plus the new memory exceeds the most the
+/// recording ever reserved and what an oom event says it could have had). Those are PyTorch's own
+/// out-of-memory retries and garbage collection, inside a malloc that found no cached block to
+/// fit; an empty_cache called right before such an allocation looks the same, and is taken for
+/// one.
+/// `recorded_initial_reserved` is what PyTorch held from the device before the first event;
+/// `recorded_config` is allocator_settings' PYTORCH_CUDA_ALLOC_CONF ("" when absent); `source` is
+/// "pytorch-snapshot". The result passes the trace validity rules of docs/trace_format.md.
 ///
 /// Throws trace_error when the bytes are not a pickle of the supported subset (offset: the byte),
 /// when the structure is not a snapshot's (offset: the byte of the enclosing dict, named in the
@@ -733,8 +1037,10 @@ inline std::vector<int> pytorch_snapshot_devices(std::string_view bytes) {
 /// at the end of `history`) and `history`'s events after its initial ones, for `device` (earlier
 /// devices get empty traces). pytorch.org/memory_viz opens it; read_pytorch_snapshot reads it
 /// back into `history`'s events, record_stream events excepted (PyTorch's traces have none), with
-/// the initial events rebuilt from `segments`. Frames are empty; events without a time have no
-/// 'time_us'; allocator_settings holds history.recorded_config as PYTORCH_CUDA_ALLOC_CONF.
+/// the initial events rebuilt from `segments`. empty_cache events are not written: the reader
+/// derives them again from the segment frees that follow them, where the history has those. Frames
+/// are empty; events without a time have no 'time_us'; allocator_settings holds
+/// history.recorded_config as PYTORCH_CUDA_ALLOC_CONF.
 ///
 /// Stream ids: `.id` of the stream type when it has one, else the handle's value. Throws
 /// std::invalid_argument for device < 0, initial_events beyond the events, an address or size
@@ -744,6 +1050,31 @@ void write_pytorch_snapshot(std::ostream& out,
                             const std::vector<segment_snapshot<Stream>>& segments,
                             const allocation_trace& history, int device = 0) {
   detail::pickle_dump(out, detail::pytorch_snapshot_value(segments, history, device), 4);
+}
+
+/// Writes `trace` alone as a snapshot pickle (protocol 4) that read_pytorch_snapshot reads back
+/// into the same trace: the write-back of a trace read from a snapshot (PyTorch's or
+/// gpumem-replay's export). Its segments are the trace's own state at its end
+/// (detail::pytorch_snapshot_end_state): one segment per block live then, its alloc's size, stream
+/// and state (active_allocated, or active_pending_free when its free was requested and has not
+/// completed), and free segments at address 0 holding the rest of what the trace had reserved then,
+/// so that the reader rebuilds the same initial events and recorded_initial_reserved. The events
+/// are those after the initial ones (record_stream and empty_cache left out, as above: the reader
+/// derives the empty_cache events again from the segment frees); the
+/// recorded out-of-memory (recorded_oom_event: an alloc at address 0 and its free) is written back
+/// as an oom event whose device_free is device_memory less what was reserved then.
+///
+/// The round trip is exact for a trace that read_pytorch_snapshot gave (of any device; written for
+/// `device`). Other traces read
+/// back with what they lack filled in: a trace without recorded_initial_reserved gets the least
+/// reserved memory consistent with its segment events and its blocks live at the end;
+/// device_memory survives only as an oom event's device_free; record_stream events are dropped.
+/// Throws trace_error for a trace that breaks the validity rules (validate_trace);
+/// std::invalid_argument for device < 0, an address or size above INT64_MAX, segment frees beyond
+/// recorded_initial_reserved, or blocks live at the end that hold more than the trace reserved.
+inline void write_pytorch_snapshot(std::ostream& out, const allocation_trace& trace,
+                                   int device = 0) {
+  detail::pickle_dump(out, detail::pytorch_snapshot_value(trace, device), 4);
 }
 
 /// As above, with the events of `trace` (snapshot_trace_entry: segment and oom events as well,
