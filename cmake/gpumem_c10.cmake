@@ -8,7 +8,8 @@
 #   GPUMEM_TORCH_PYTHON  a Python interpreter that can `import torch` (tools/setup_torch.sh)
 # Defines, when found: GPUMEM_C10_FOUND (ON), GPUMEM_TORCH_VERSION, and the imported target
 # gpumem::c10_cuda (include directories, libc10_cuda.so and libc10.so, the C++ ABI torch was
-# built with). Otherwise GPUMEM_C10_FOUND is OFF and GPUMEM_C10_WHY says why.
+# built with), and GPUMEM_TORCH_LIB_DIR (torch/lib). Otherwise GPUMEM_C10_FOUND is OFF and
+# GPUMEM_C10_WHY says why.
 include_guard(GLOBAL)
 
 set(GPUMEM_TORCH_DIR "" CACHE PATH "The torch package folder (with include/ and lib/); empty: ask GPUMEM_TORCH_PYTHON")
@@ -42,6 +43,7 @@ if(_gpumem_torch_dir)
       string(REGEX REPLACE ".*'([^']*)'.*" "\\1" GPUMEM_TORCH_VERSION "${_gpumem_v}")
     endif()
     set(GPUMEM_C10_FOUND ON)
+    get_filename_component(GPUMEM_TORCH_LIB_DIR "${GPUMEM_C10_LIBRARY}" DIRECTORY)
     if(NOT TARGET gpumem::c10_cuda)
       add_library(gpumem_c10_cuda INTERFACE IMPORTED GLOBAL)
       add_library(gpumem::c10_cuda ALIAS gpumem_c10_cuda)
