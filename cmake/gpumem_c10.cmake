@@ -19,8 +19,15 @@ set(GPUMEM_C10_WHY "")
 set(_gpumem_torch_dir "${GPUMEM_TORCH_DIR}")
 set(_gpumem_torch_abi 1)
 if(NOT _gpumem_torch_dir AND GPUMEM_TORCH_PYTHON)
+  # Under pip's build isolation (`pip install .` of the Python package), PYTHONPATH points at pip's
+  # temporary build environment, whose sitecustomize hides the installing environment's
+  # site-packages: ask the interpreter without it, so that it sees the torch installed there.
+  set(_gpumem_python_env "")
+  if("$ENV{PYTHONPATH}" MATCHES "pip-build-env")
+    set(_gpumem_python_env ${CMAKE_COMMAND} -E env --unset=PYTHONPATH --unset=PYTHONNOUSERSITE)
+  endif()
   execute_process(
-    COMMAND "${GPUMEM_TORCH_PYTHON}" -c
+    COMMAND ${_gpumem_python_env} "${GPUMEM_TORCH_PYTHON}" -c
             "import os, torch; print(os.path.dirname(torch.__file__)); print(torch.__version__); print(int(torch._C._GLIBCXX_USE_CXX11_ABI))"
     OUTPUT_VARIABLE _gpumem_torch_out ERROR_VARIABLE _gpumem_torch_err RESULT_VARIABLE _gpumem_torch_rc
     OUTPUT_STRIP_TRAILING_WHITESPACE)

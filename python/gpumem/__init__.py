@@ -8,7 +8,8 @@
     gpumem.replay("snapshot.pickle", device_memory="24GiB", configs=["policy:classic", "policy:stitch"])
 
 The replay side needs neither CUDA nor torch. install() needs libgpumem_torch.so, which is built
-when the package is installed into an environment that has torch (README.md, "Python package").
+when the package is installed into an environment that has torch (README.md, "The Python
+package").
 """
 
 import ctypes
@@ -42,8 +43,9 @@ def plugin_path():
     if not _build_info.PLUGIN:
         raise GpumemError(
             "gpumem: this installation has no libgpumem_torch.so: " + _build_info.PLUGIN_WHY +
-            ". Reinstall the package into an environment with torch and the CUDA toolkit: "
-            "pip install scikit-build-core && pip install --no-build-isolation <gpumem clone>")
+            ". Reinstall the package where torch and the CUDA toolkit are installed: "
+            "pip install <gpumem clone> (with scikit-build-core installed, "
+            "pip install --no-build-isolation <gpumem clone> builds in this environment)")
     return os.path.join(_HERE, "lib", "libgpumem_torch.so")
 
 
@@ -114,8 +116,7 @@ def install(config=None):
         raise GpumemError(
             f"gpumem: libgpumem_torch.so was built against torch {_build_info.TORCH_VERSION}, but "
             f"this process runs torch {torch.__version__} (from {os.path.dirname(torch.__file__)}); "
-            "reinstall gpumem with this torch: pip install --no-build-isolation --force-reinstall "
-            "<gpumem clone>")
+            "reinstall gpumem with this torch: pip install --force-reinstall <gpumem clone>")
     lib = _loaded_plugin()
     if lib is None:
         previous = os.environ.get("GPUMEM_TORCH_INSTALL_AT_LOAD")

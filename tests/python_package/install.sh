@@ -4,9 +4,11 @@
 #   install.sh full SOURCE_DIR WORK_DIR TORCH_PYTHON CUDASIM_DIR [CXX_COMPILER_LAUNCHER]
 #   install.sh no-torch|no-cuda SOURCE_DIR WORK_DIR [CXX_COMPILER_LAUNCHER]
 # full: the environment sees the torch of TORCH_PYTHON (a .pth file, so torch is not downloaded
-# again) and the package is built with `pip install --no-build-isolation`, the plugin required.
-# no-torch: an environment without torch; the package must install without the plugin, and say
-# why. no-cuda: the same, with CMake's find_package(CUDAToolkit) disabled as well.
+# again) and the package is built with a plain `pip install .` (pip's build isolation: the build
+# must still find the environment's torch), the plugin required.
+# no-torch: an environment without torch, `pip install --no-build-isolation .`; the package must
+# install without the plugin, and say why. no-cuda: the same, with CMake's
+# find_package(CUDAToolkit) disabled as well.
 # WORK_DIR keeps the CMake build folder between runs (incremental); the environment is made anew.
 set -euo pipefail
 mode=$1
@@ -38,14 +40,18 @@ else
   fi
 fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
-"${pip[@]}" install --quiet "scikit-build-core>=0.10"
+settings=(--config-settings=build-dir="$work/build")
+if [ "$mode" = full ]; then
+  settings+=(--config-settings=cmake.define.GPUMEM_REQUIRE_TORCH_PLUGIN=ON)
+else
+  "${pip[@]}" install --quiet "scikit-build-core>=0.10"
+  settings+=(--no-build-isolation)
+fi
+[ "$mode" = no-cuda ] && settings+=(--config-settings=cmake.define.CMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON)
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 [ -n "$launcher" ] && export CMAKE_CXX_COMPILER_LAUNCHER=$launcher
-settings=(--config-settings=build-dir="$work/build")
-[ "$mode" = full ] && settings+=(--config-settings=cmake.define.GPUMEM_REQUIRE_TORCH_PLUGIN=ON)
-[ "$mode" = no-cuda ] && settings+=(--config-settings=cmake.define.CMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON)
-echo "pip install --no-build-isolation ${settings[*]} $source_dir"
-if ! "${pip[@]}" install --no-build-isolation "${settings[@]}" "$source_dir" >"$work/pip.log" 2>&1; then
+echo "pip install ${settings[*]} $source_dir"
+if ! "${pip[@]}" install "${settings[@]}" "$source_dir" >"$work/pip.log" 2>&1; then
   cat "$work/pip.log"
   echo "FAIL: pip install"
   exit 1
