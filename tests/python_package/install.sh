@@ -27,7 +27,14 @@ mkdir -p "$work"
 work=$(cd "$work" && pwd)
 venv=$work/venv
 rm -rf "$venv"
-python3 -m venv "$venv"
+# full: the same Python version as TORCH_PYTHON's, for its site-packages.
+base_python=python3
+[ "$mode" = full ] && base_python=$torch_python
+if ! "$base_python" -m venv --help >/dev/null 2>&1; then
+  echo "skipped: $base_python has no venv module (Debian: apt-get install python3-venv)"
+  exit 77
+fi
+"$base_python" -m venv "$venv"
 site=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 if [ "$mode" = full ]; then
   torch_site=$("$torch_python" -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
