@@ -191,9 +191,10 @@ def replay(trace, device_memory=None, configs=None, allocator="gpumem", find_min
     device_memory, overhead: int (bytes) or a size string ("24GiB"); default: gpumem-replay's.
     configs: None (gpumem-replay's default: "recorded" for a PyTorch snapshot), or a list of
     configurations (PYTORCH_CUDA_ALLOC_CONF syntax plus "policy:..."), one record each.
-    allocator: "gpumem" ("pytorch" and "cub" need gpumem-replay-peer, which only a build from the
-    repository has). find_min_memory: adds min_device_memory_bytes. steps: replays the trace as N
-    training steps. Raises ValueError for bad arguments and GpumemError when the trace cannot be
+    allocator: "gpumem", "pytorch" or "cub" (PyTorch's and CUB's own allocators on the CUDA
+    simulator: the package has them when the CUDA toolkit, and for "pytorch" torch, were found at
+    install time; configs are then their own settings). find_min_memory: adds
+    min_device_memory_bytes. steps: replays the trace as N training steps. Raises ValueError for bad arguments and GpumemError when the trace cannot be
     read, with gpumem-replay's message.
     """
     traces = [trace] if isinstance(trace, (str, os.PathLike)) else list(trace)

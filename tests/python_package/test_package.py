@@ -137,9 +137,41 @@ class ReplayTest(Base):
             gpumem.replay(self.trace(), steps=0)
         with self.assertRaises(ValueError):
             gpumem.replay([])
-        # PyTorch's and CUB's allocators need gpumem-replay-peer, which the package does not have.
-        with self.assertRaisesRegex(ValueError, "gpumem-replay-peer"):
-            gpumem.replay(self.trace(), allocator="cub")
+
+    def test_replay_on_pytorchs_and_cubs_allocators(self):
+        """gpumem-replay-peer and the simulator ship with the CUDA toolkit (pytorch with torch)."""
+        import gpumem
+
+        peer = os.path.join(os.path.dirname(gpumem.replay_path()), "gpumem-replay-peer")
+        if MODE == "no-cuda":
+            self.assertFalse(os.path.exists(peer))
+            for allocator in ("cub", "pytorch"):
+                with self.assertRaisesRegex(ValueError, "needs gpumem-replay-peer"):
+                    gpumem.replay(self.trace(), allocator=allocator)
+            return
+        cub = gpumem.replay(self.trace(), allocator="cub", device_memory="3GiB")
+        self.assertEqual((cub[0]["allocator"], cub[0]["completed"]), ("cub", False))
+        if MODE == "no-torch":
+            with self.assertRaisesRegex(ValueError, "built without it"):
+                gpumem.replay(self.trace(), allocator="pytorch")
+            return
+        args = ["--allocator", "pytorch", "--device-memory", "3GiB", "--compare", "",
+                "expandable_segments:True"]
+        records = gpumem.replay(self.trace(), allocator="pytorch", device_memory="3GiB",
+                                configs=["", "expandable_segments:True"])
+        p = subprocess.run(["gpumem-replay", self.trace(), *args, "--json"], capture_output=True,
+                           text=True, check=True)
+        expected = json.loads(p.stdout)
+        self.assertEqual(len(records), len(expected))
+        for got, want in zip(records, expected):
+            for key in want:
+                if key not in ("events_per_second", "replay_seconds"):  # measurements
+                    self.assertEqual(got[key], want[key], key)
+        native, expandable = records
+        self.assertEqual(native["allocator"], "pytorch")
+        # PyTorch's own allocator runs out where the demo says; expandable segments complete.
+        self.assertEqual((native["completed"], native["oom_event_index"]), (False, 3410))
+        self.assertTrue(expandable["completed"])
 
 
 class ReplayOnlyTest(Base):
