@@ -56,6 +56,9 @@ else
 fi
 [ "$mode" = no-cuda ] && settings+=(--config-settings=cmake.define.CMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON)
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
+# The compiler launcher of the calling build, else ccache where there is one: the package's build
+# compiles the plugin and the peer again, in Release.
+[ -z "$launcher" ] && command -v ccache >/dev/null && launcher=ccache
 [ -n "$launcher" ] && export CMAKE_CXX_COMPILER_LAUNCHER=$launcher
 echo "pip install ${settings[*]} $source_dir"
 if ! "${pip[@]}" install "${settings[@]}" "$source_dir" >"$work/pip.log" 2>&1; then
