@@ -8,7 +8,8 @@
 #   GPUMEM_TORCH_PYTHON  a Python interpreter that can `import torch` (tools/setup_torch.sh)
 # Defines, when found: GPUMEM_C10_FOUND (ON), GPUMEM_TORCH_VERSION, and the imported target
 # gpumem::c10_cuda (include directories, libc10_cuda.so and libc10.so, the C++ ABI torch was
-# built with). Otherwise GPUMEM_C10_FOUND is OFF and GPUMEM_C10_WHY says why.
+# built with), and GPUMEM_TORCH_LIB_DIR (torch/lib). Otherwise GPUMEM_C10_FOUND is OFF and
+# GPUMEM_C10_WHY says why.
 include_guard(GLOBAL)
 
 set(GPUMEM_TORCH_DIR "" CACHE PATH "The torch package folder (with include/ and lib/); empty: ask GPUMEM_TORCH_PYTHON")
@@ -18,8 +19,15 @@ set(GPUMEM_C10_WHY "")
 set(_gpumem_torch_dir "${GPUMEM_TORCH_DIR}")
 set(_gpumem_torch_abi 1)
 if(NOT _gpumem_torch_dir AND GPUMEM_TORCH_PYTHON)
+  # Under pip's build isolation (`pip install .` of the Python package), PYTHONPATH points at pip's
+  # temporary build environment, whose sitecustomize hides the installing environment's
+  # site-packages: ask the interpreter without it, so that it sees the torch installed there.
+  set(_gpumem_python_env "")
+  if("$ENV{PYTHONPATH}" MATCHES "pip-build-env")
+    set(_gpumem_python_env ${CMAKE_COMMAND} -E env --unset=PYTHONPATH --unset=PYTHONNOUSERSITE)
+  endif()
   execute_process(
-    COMMAND "${GPUMEM_TORCH_PYTHON}" -c
+    COMMAND ${_gpumem_python_env} "${GPUMEM_TORCH_PYTHON}" -c
             "import os, torch; print(os.path.dirname(torch.__file__)); print(torch.__version__); print(int(torch._C._GLIBCXX_USE_CXX11_ABI))"
     OUTPUT_VARIABLE _gpumem_torch_out ERROR_VARIABLE _gpumem_torch_err RESULT_VARIABLE _gpumem_torch_rc
     OUTPUT_STRIP_TRAILING_WHITESPACE)
@@ -42,6 +50,7 @@ if(_gpumem_torch_dir)
       string(REGEX REPLACE ".*'([^']*)'.*" "\\1" GPUMEM_TORCH_VERSION "${_gpumem_v}")
     endif()
     set(GPUMEM_C10_FOUND ON)
+    get_filename_component(GPUMEM_TORCH_LIB_DIR "${GPUMEM_C10_LIBRARY}" DIRECTORY)
     if(NOT TARGET gpumem::c10_cuda)
       add_library(gpumem_c10_cuda INTERFACE IMPORTED GLOBAL)
       add_library(gpumem::c10_cuda ALIAS gpumem_c10_cuda)

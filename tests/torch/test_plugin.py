@@ -221,6 +221,43 @@ class PluginTest(unittest.TestCase):
         self.assertIn("GPUMEM_ALLOC_CONF", err)
         self.assertIn("sideways", err)
 
+    def test_install_at_load_0_leaves_installing_to_gpumem_install(self):
+        out, err = self.check(f"""
+            import os
+            os.environ["GPUMEM_TORCH_INSTALL_AT_LOAD"] = "0"
+            lib = ctypes.CDLL({PLUGIN!r})
+            lib.gpumem_last_error.restype = ctypes.c_char_p
+            lib.gpumem_torch_version.restype = ctypes.c_char_p
+            assert lib.gpumem_torch_version().decode() == torch.__version__
+            assert lib.gpumem_installed() == 0
+            assert lib.gpumem_install(b"policy:sideways") == -2       # malformed: nothing changes
+            assert b"sideways" in lib.gpumem_last_error(), lib.gpumem_last_error()
+            assert lib.gpumem_installed() == 0
+            assert lib.gpumem_install(b"policy:classic,max_split_size_mb:64") == 0
+            assert lib.gpumem_installed() == 1
+            assert lib.gpumem_install(None) == -1                     # once
+            assert b"already" in lib.gpumem_last_error()
+            x = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")
+            assert gpumem_stats(lib)["allocated_bytes.all.current"] == 3 * MiB
+            buf = ctypes.create_string_buffer(1 << 16)
+            assert 0 < lib.gpumem_memory_summary(0, buf, len(buf)) < len(buf)
+            assert "max_split_size_mb:64,policy:classic" in buf.value.decode(), buf.value
+        """, load_first=False)
+        self.assertNotIn("did not install", err)
+
+    def test_gpumem_install_too_late_says_so_and_changes_nothing(self):
+        self.check(f"""
+            import os
+            x = torch.empty(1000, device="cuda")
+            os.environ["GPUMEM_TORCH_INSTALL_AT_LOAD"] = "0"
+            lib = ctypes.CDLL({PLUGIN!r})
+            lib.gpumem_last_error.restype = ctypes.c_char_p
+            assert lib.gpumem_install(None) == -1
+            assert b"too late" in lib.gpumem_last_error(), lib.gpumem_last_error()
+            assert lib.gpumem_installed() == 0
+            y = torch.empty(1000, device="cuda")
+        """, load_first=False)
+
     def test_c_interface_refuses_bad_input_without_crashing(self):
         self.check("""
             lib.gpumem_malloc.restype = ctypes.c_void_p

@@ -5,6 +5,10 @@
  * PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF. A problem (a malformed setting, loading too late)
  * is reported once on stderr at load, and PyTorch's allocator stays in place.
  *
+ * With GPUMEM_TORCH_INSTALL_AT_LOAD=0 in the environment when it is loaded, the library installs
+ * nothing by itself: gpumem_install() does, and says why when it cannot (the Python package,
+ * gpumem.install(), loads it that way).
+ *
  * The functions below never throw and never abort. Those returning int give 0 on success and -1
  * on failure, with gpumem_last_error() saying why (per thread).
  */
@@ -25,6 +29,17 @@ int gpumem_installed(void);
 
 /* Why the last failing call of this thread failed ("" when none has). */
 const char* gpumem_last_error(void);
+
+/* Makes gpumem PyTorch's CUDA allocator with `settings` (PYTORCH_CUDA_ALLOC_CONF syntax plus
+ * gpumem's keys; NULL or "" for none) on top of GPUMEM_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF /
+ * PYTORCH_ALLOC_CONF. Returns 0 on success; -2 when the settings are malformed; -1 when gpumem
+ * cannot be installed (already installed, or too late: PyTorch's allocator is already
+ * initialised). gpumem_last_error() says why; nothing changes on failure. */
+int gpumem_install(const char* settings);
+
+/* The torch version the library was built against (torch.__version__ then), e.g. "2.11.0+cu130".
+ * The library works only with that torch build. */
+const char* gpumem_torch_version(void);
 
 /* torch.cuda.memory.CUDAPluggableAllocator(path, "gpumem_malloc", "gpumem_free"): allocate on
  * `device` for use on `stream`; NULL on failure (an out-of-memory message is in

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -74,9 +75,12 @@ void warn_pluggable_route_once(gpumem::torch::cuda_allocator& a) {
                "change_current_allocator to keep them\n");
 }
 
-// Installs at load. Reported once, on stderr, when it cannot.
+// Installs at load, unless GPUMEM_TORCH_INSTALL_AT_LOAD=0 (then gpumem_install does). Reported
+// once, on stderr, when it cannot.
 struct install_at_load {
   install_at_load() noexcept {
+    const char* at_load = std::getenv("GPUMEM_TORCH_INSTALL_AT_LOAD");
+    if (at_load != nullptr && std::strcmp(at_load, "0") == 0) return;
     try {
       gpumem::torch::install(gpumem::allocator_config::from_environment());
     } catch (const std::exception& e) {
@@ -98,6 +102,25 @@ int gpumem_installed(void) {
 
 const char* gpumem_last_error(void) {
   return last_error().c_str();
+}
+
+int gpumem_install(const char* settings) {
+  bool bad_settings = false;
+  const int rc = guarded([&] {
+    gpumem::allocator_config config;
+    try {
+      config = gpumem::allocator_config::resolve(settings != nullptr ? settings : "");
+    } catch (const gpumem::config_error&) {
+      bad_settings = true;
+      throw;
+    }
+    gpumem::torch::install(config);
+  });
+  return rc == 0 ? 0 : (bad_settings ? -2 : -1);
+}
+
+const char* gpumem_torch_version(void) {
+  return GPUMEM_TORCH_BUILD_VERSION;
 }
 
 void* gpumem_malloc(ssize_t size, int device, gpumem_stream_t stream) {

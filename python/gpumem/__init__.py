@@ -1,0 +1,229 @@
+"""gpumem for PyTorch: gpumem's caching allocator as PyTorch's CUDA allocator, and gpumem-replay.
+
+    import gpumem
+    gpumem.install("policy:stitch")       # before the first CUDA tensor
+    x = torch.empty(1 << 30, device="cuda")
+    print(gpumem.memory_summary())
+
+    gpumem.replay("snapshot.pickle", device_memory="24GiB", configs=["policy:classic", "policy:stitch"])
+
+The replay side needs neither CUDA nor torch. install() needs libgpumem_torch.so, which is built
+when the package is installed into an environment that has torch (README.md, "The Python
+package").
+"""
+
+import ctypes
+import json
+import os
+import subprocess
+
+from . import _build_info
+
+__version__ = _build_info.VERSION
+__all__ = [
+    "GpumemError", "ConfigError", "install", "is_installed", "memory_summary", "stats",
+    "plugin_path", "replay_path", "replay", "torch_version",
+]
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_lib = None  # the plugin, once this package loaded it
+
+
+class GpumemError(RuntimeError):
+    """gpumem cannot do what was asked; the message says why."""
+
+
+class ConfigError(GpumemError, ValueError):
+    """A malformed allocator setting (gpumem.install's config, GPUMEM_ALLOC_CONF, ...)."""
+
+
+def plugin_path():
+    """The path of libgpumem_torch.so in this package. Raises GpumemError, saying why, when the
+    package was built without it (no torch or no CUDA toolkit when it was installed)."""
+    if not _build_info.PLUGIN:
+        raise GpumemError(
+            "gpumem: this installation has no libgpumem_torch.so: " + _build_info.PLUGIN_WHY +
+            ". Reinstall the package where torch and the CUDA toolkit are installed: "
+            "pip install <gpumem clone> (with scikit-build-core installed, "
+            "pip install --no-build-isolation <gpumem clone> builds in this environment)")
+    return os.path.join(_HERE, "lib", "libgpumem_torch.so")
+
+
+def replay_path():
+    """The path of the gpumem-replay executable in this package."""
+    return os.path.join(_HERE, "bin", "gpumem-replay")
+
+
+def torch_version():
+    """The torch version libgpumem_torch.so was built against ("" without the plugin)."""
+    return _build_info.TORCH_VERSION
+
+
+def _declare(lib):
+    lib.gpumem_installed.restype = ctypes.c_int
+    lib.gpumem_last_error.restype = ctypes.c_char_p
+    lib.gpumem_install.restype = ctypes.c_int
+    lib.gpumem_install.argtypes = [ctypes.c_char_p]
+    for f in (lib.gpumem_memory_summary, lib.gpumem_memory_stats_json):
+        f.restype = ctypes.c_size_t
+        f.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+    return lib
+
+
+def _loaded_plugin():
+    """The plugin if it is in this process (loaded by this package or LD_PRELOAD), else None."""
+    if _lib is not None:
+        return _lib
+    if _build_info.PLUGIN:
+        try:
+            return _declare(ctypes.CDLL(plugin_path(), mode=os.RTLD_NOLOAD))
+        except OSError:
+            pass
+    try:  # LD_PRELOAD of another copy (a build folder's)
+        everything = ctypes.CDLL(None)
+        everything.gpumem_installed  # noqa: B018 (raises AttributeError when absent)
+        everything.gpumem_install
+        return _declare(everything)
+    except AttributeError:
+        return None
+
+
+def is_installed():
+    """True when gpumem is PyTorch's CUDA allocator in this process."""
+    lib = _loaded_plugin()
+    return lib is not None and lib.gpumem_installed() == 1
+
+
+def install(config=None):
+    """Makes gpumem PyTorch's CUDA allocator, configured with `config` (PYTORCH_CUDA_ALLOC_CONF
+    syntax plus gpumem's keys, e.g. "policy:stitch,max_split_size_mb:256") on top of
+    GPUMEM_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF. Call it before the first CUDA
+    tensor. Imports torch.
+
+    Raises ConfigError for a malformed setting, and GpumemError when gpumem cannot be installed:
+    no plugin in this installation, a torch other than the one it was built against, too late
+    (PyTorch's CUDA allocator already initialised), or already installed with other settings
+    (install() without config when gpumem is installed does nothing). PyTorch's own allocator is
+    never used in gpumem's place without an exception.
+    """
+    global _lib
+    if config is not None and not isinstance(config, str):
+        raise TypeError(f"gpumem.install: config must be a str or None, not {type(config).__name__}")
+    path = plugin_path()
+    import torch  # noqa: PLC0415 (imported only when asked for)
+
+    if torch.__version__ != _build_info.TORCH_VERSION:
+        raise GpumemError(
+            f"gpumem: libgpumem_torch.so was built against torch {_build_info.TORCH_VERSION}, but "
+            f"this process runs torch {torch.__version__} (from {os.path.dirname(torch.__file__)}); "
+            "reinstall gpumem with this torch: pip install --force-reinstall <gpumem clone>")
+    lib = _loaded_plugin()
+    if lib is None:
+        previous = os.environ.get("GPUMEM_TORCH_INSTALL_AT_LOAD")
+        os.environ["GPUMEM_TORCH_INSTALL_AT_LOAD"] = "0"  # gpumem_install below, with `config`
+        try:
+            lib = _declare(ctypes.CDLL(path))
+        except OSError as e:
+            raise GpumemError(f"gpumem: cannot load {path}: {e}") from None
+        finally:
+            if previous is None:
+                del os.environ["GPUMEM_TORCH_INSTALL_AT_LOAD"]
+            else:
+                os.environ["GPUMEM_TORCH_INSTALL_AT_LOAD"] = previous
+        _lib = lib
+    if lib.gpumem_installed() == 1 and config is None:
+        return
+    rc = lib.gpumem_install(None if config is None else config.encode())
+    if rc == 0:
+        return
+    message = lib.gpumem_last_error().decode(errors="replace")
+    if rc == -2:
+        raise ConfigError(message)
+    raise GpumemError(message)
+
+
+def _device_index(device):
+    import torch  # noqa: PLC0415
+
+    if device is None:
+        return torch.cuda.current_device()
+    return torch.cuda._utils._get_device_index(device, optional=True)
+
+
+def _text(function, what, device):
+    lib = _loaded_plugin()
+    if lib is None or lib.gpumem_installed() != 1:
+        raise GpumemError(f"gpumem.{what}: gpumem is not PyTorch's CUDA allocator in this process "
+                          "(call gpumem.install() before the first CUDA tensor)")
+    index = _device_index(device)
+    n = function(lib)(index, None, 0)
+    if n == ctypes.c_size_t(-1).value:
+        raise GpumemError(f"gpumem.{what}: " + lib.gpumem_last_error().decode(errors="replace"))
+    buf = ctypes.create_string_buffer(n + 1)
+    function(lib)(index, buf, n + 1)
+    return buf.value.decode()
+
+
+def memory_summary(device=None):
+    """gpumem's summary of `device` (default: the current one): PyTorch's memory_summary table,
+    then gpumem's section (largest free block, fragmentation, device calls, policy, settings)."""
+    return _text(lambda lib: lib.gpumem_memory_summary, "memory_summary", device)
+
+
+def stats(device=None):
+    """gpumem's statistics of `device` (default: the current one) as a dict with the keys of
+    torch.cuda.memory_stats() ("allocated_bytes.all.current", ...)."""
+    return json.loads(_text(lambda lib: lib.gpumem_memory_stats_json, "stats", device))
+
+
+def _size(value, name):
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError(f"gpumem.replay: {name} must be a size in bytes (int) or a str such as "
+                        f"'24GiB', not {value!r}")
+    return f"{value}B" if isinstance(value, int) else value
+
+
+def replay(trace, device_memory=None, configs=None, allocator="gpumem", find_min_memory=False,
+           steps=None, overhead=None, timeout=None):
+    """Replays `trace` (a path, or a list of paths: one per rank) with gpumem-replay and returns
+    its --json records: a list of dicts, one per configuration (and trace).
+
+    device_memory, overhead: int (bytes) or a size string ("24GiB"); default: gpumem-replay's.
+    configs: None (gpumem-replay's default: "recorded" for a PyTorch snapshot), or a list of
+    configurations (PYTORCH_CUDA_ALLOC_CONF syntax plus "policy:..."), one record each.
+    allocator: "gpumem", "pytorch" or "cub" (PyTorch's and CUB's own allocators on the CUDA
+    simulator: the package has them when the CUDA toolkit, and for "pytorch" torch, were found at
+    install time; configs are then their own settings). find_min_memory: adds
+    min_device_memory_bytes. steps: replays the trace as N training steps. Raises ValueError for bad arguments and GpumemError when the trace cannot be
+    read, with gpumem-replay's message.
+    """
+    traces = [trace] if isinstance(trace, (str, os.PathLike)) else list(trace)
+    if not traces:
+        raise ValueError("gpumem.replay: no trace")
+    cmd = [replay_path(), *[os.fspath(t) for t in traces], "--json", "--progress", "never"]
+    if allocator != "gpumem":
+        cmd += ["--allocator", str(allocator)]
+    if device_memory is not None:
+        cmd += ["--device-memory", _size(device_memory, "device_memory")]
+    if overhead is not None:
+        cmd += ["--overhead", _size(overhead, "overhead")]
+    if configs is not None:
+        if isinstance(configs, str):
+            raise TypeError("gpumem.replay: configs is a list of configurations, e.g. [" +
+                            repr(configs) + "]")
+        configs = [str(c) for c in configs]
+        if not configs:
+            raise ValueError("gpumem.replay: configs is empty")
+        cmd += ["--config", configs[0]] if len(configs) == 1 else ["--compare", *configs]
+    if find_min_memory:
+        cmd.append("--find-min-memory")
+    if steps is not None:
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"gpumem.replay: steps must be a positive int, not {steps!r}")
+        cmd += ["--steps", str(steps)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    if p.returncode == 2:
+        raise ValueError("gpumem.replay: " + p.stderr.strip())
+    if p.returncode != 0:
+        raise GpumemError("gpumem.replay: " + (p.stderr.strip() or f"exit status {p.returncode}"))
+    return json.loads(p.stdout)
