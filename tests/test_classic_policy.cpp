@@ -116,11 +116,11 @@ TEST_F(ClassicPolicy, SegmentSizesLargerRequestsRoundTo2MiB) {
   EXPECT_EQ(reserved(a), static_cast<std::int64_t>(10 * MiB));
   void* q = a.allocate(11 * MiB + 1);
   EXPECT_EQ(reserved(a), static_cast<std::int64_t>(10 * MiB + 12 * MiB));
-  EXPECT_EQ(d::allocation_size(1 * MiB), 2 * MiB);
-  EXPECT_EQ(d::allocation_size(1 * MiB + 512), 20 * MiB);
-  EXPECT_EQ(d::allocation_size(10 * MiB - 512), 20 * MiB);
-  EXPECT_EQ(d::allocation_size(10 * MiB), 10 * MiB);
-  EXPECT_EQ(d::allocation_size(13 * MiB + 512), 14 * MiB);
+  EXPECT_EQ(d::segment_size_for(1 * MiB), 2 * MiB);
+  EXPECT_EQ(d::segment_size_for(1 * MiB + 512), 20 * MiB);
+  EXPECT_EQ(d::segment_size_for(10 * MiB - 512), 20 * MiB);
+  EXPECT_EQ(d::segment_size_for(10 * MiB), 10 * MiB);
+  EXPECT_EQ(d::segment_size_for(13 * MiB + 512), 14 * MiB);
   a.deallocate(p);
   a.deallocate(q);
 }

@@ -7,7 +7,8 @@
 // check separators, wraps "-1", reads "100abc" as 100, ignores a final stray "]"), gpumem throws a
 // config_error naming the key, the value and the position instead.
 //
-// See docs/configuration.md for the table of keys, defaults and what each policy honours.
+// detail::config_keys below is the table of keys (spellings, limits, defaults' documentation);
+// docs/configuration.md shows it, with what each policy honours.
 #pragma once
 
 #include <algorithm>
@@ -16,10 +17,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -55,58 +58,53 @@ inline std::string_view to_string(allocator_policy policy) noexcept {
 /// return new objects and share nothing (from_environment reads the process environment, which
 /// must not be modified concurrently, as POSIX requires of getenv).
 struct allocator_config {
+  // One field per key. detail::config_keys (below) is the table of keys: each key's spellings,
+  // limits, how it is read, written, compared and checked, and its row of docs/configuration.md
+  // (default, accepted values, meaning). The comments here only say how a field stores its key.
+
   // ---- PyTorch 2.11's keys ---------------------------------------------------------------
-  /// max_split_size_mb: blocks of at least this size are never split. SIZE_MAX = unset.
+  /// max_split_size_mb, in bytes. SIZE_MAX = unset (no block is too large to split).
   std::size_t max_split_size = std::numeric_limits<std::size_t>::max();
-  /// max_non_split_rounding_mb: how much larger than the request a cached unsplittable block may
-  /// be and still serve it. Follows large_segment_size unless set.
+  /// max_non_split_rounding_mb, in bytes. parse() makes it follow large_segment_size unless set.
   std::size_t max_non_split_rounding = std::size_t{20} << 20;
-  /// large_segment_size_mb (new in 2.11): the segment obtained for requests of 1–10 MiB, and the
-  /// growth step of expandable segments. Also the minimum of the two keys above.
+  /// large_segment_size_mb, in bytes.
   std::size_t large_segment_size = std::size_t{20} << 20;
-  /// roundup_power2_divisions: divisions per power-of-two interval; index i covers request sizes
-  /// [2^i MiB, 2^(i+1) MiB) (index 0 also everything smaller, index 15 everything larger).
-  /// 0 or 1 = round to 512 bytes only.
+  /// roundup_power2_divisions: entry i covers request sizes [2^i MiB, 2^(i+1) MiB) (entry 0 also
+  /// everything smaller, entry 15 everything larger). 0 or 1 = round to 512 bytes only.
   std::array<std::size_t, 16> roundup_power2_divisions{};
-  /// garbage_collection_threshold in (0, 1); 0 = off. Only acts with a memory cap (has_memory_cap).
+  /// garbage_collection_threshold. 0 = off. Only acts with a memory cap (has_memory_cap).
   double garbage_collection_threshold = 0.0;
-  /// per_process_memory_fraction in [0, 1]: caps reserved bytes at fraction × device memory.
-  /// Unset = no cap; like PyTorch, 1.0 also means no cap.
+  /// per_process_memory_fraction. Unset = no cap; like PyTorch, 1.0 also means no cap.
   std::optional<double> per_process_memory_fraction;
-  /// expandable_segments: True selects the expandable policy when `policy` is automatic.
+  /// expandable_segments.
   bool expandable_segments = false;
   /// release_lock_on_cudamalloc (alias release_lock_on_hipmalloc). Accepted, not honoured.
   bool release_lock_on_cudamalloc = false;
   /// graph_capture_record_stream_reuse. Accepted, not honoured.
   bool graph_capture_record_stream_reuse = false;
-  /// pinned_use_cuda_host_register (alias pinned_use_hip_host_register). Pinned host pool setting.
+  /// pinned_use_cuda_host_register (alias pinned_use_hip_host_register).
   bool pinned_use_cuda_host_register = false;
-  /// pinned_num_register_threads: a power of two, at most 128. Pinned host pool setting.
+  /// pinned_num_register_threads.
   std::size_t pinned_num_register_threads = 1;
-  /// pinned_use_background_threads. Pinned host pool setting.
+  /// pinned_use_background_threads. Accepted, not honoured.
   bool pinned_use_background_threads = false;
-  /// pinned_reserve_segment_size_mb, in bytes here; 0 = unset (the string must give > 0).
+  /// pinned_reserve_segment_size_mb, in bytes. 0 = unset (a string must give more than 0).
   std::size_t pinned_reserve_segment_size = 0;
-  /// backend: "native" or "cudaMallocAsync". gpumem is itself the allocator; see notes().
+  /// backend: "native" or "cudaMallocAsync".
   std::string backend = "native";
 
   // ---- gpumem's own keys -----------------------------------------------------------------
-  /// policy: auto | classic | expandable | stitch.
+  /// policy.
   allocator_policy policy = allocator_policy::automatic;
-  /// stitch_headroom: while reserved memory stays within this fraction above the high-water mark
-  /// of requested bytes, a stitch miss creates new pages before it shares free ones (see
-  /// docs/configuration.md, "Stitch's thresholds"). In [0, 1).
+  /// stitch_headroom (docs/configuration.md, "Stitch's thresholds").
   double stitch_headroom = 0.015;
-  /// stitch_settle_limit: the same bound once the workload has settled. In [0, 1).
+  /// stitch_settle_limit.
   double stitch_settle_limit = 0.02;
-  /// stitch_recurring_limit: the bound for a whole request in a pool that keeps missing after the
-  /// workload settled. In [0, 1).
+  /// stitch_recurring_limit.
   double stitch_recurring_limit = 0.03;
-  /// stitch_recurring_misses: how many misses since the workload settled make a pool's misses
-  /// recurring. At least 1.
+  /// stitch_recurring_misses.
   std::uint32_t stitch_recurring_misses = 3;
-  /// stitch_settled_allocations: allocations without a new high-water mark of requested bytes
-  /// after which the workload counts as settled. At least 1.
+  /// stitch_settled_allocations.
   std::uint64_t stitch_settled_allocations = 1024;
 
   /// PyTorch's roundup_power2_divisions(size): the entry for floor(log2(size)) - 20, clamped to
@@ -149,11 +147,12 @@ struct allocator_config {
   /// when set, which only parse()/GPUMEM_ALLOC_CONF accept. Thread-safe; may throw std::bad_alloc.
   std::string to_string() const;
 
-  /// Checks the ranges the allocators rely on, for settings made in code (parse() only produces
-  /// valid configs): large_segment_size above 10 MiB and at most 1 TiB, max_split_size and
-  /// max_non_split_rounding not below it, pinned_reserve_segment_size at most 1 TiB, the fraction
-  /// in [0, 1], the threshold in [0, 1), divisions 0 or a power of two, register threads a power of
-  /// two up to 128. Throws config_error naming the key (position: npos); thread-safe.
+  /// Checks every setting against its key's limits in detail::config_keys, for settings made in
+  /// code (parse() only produces valid configs): the limits parse() applies to strings, where 0
+  /// is also accepted where it means unset or off (garbage_collection_threshold,
+  /// pinned_reserve_segment_size, an entry of roundup_power2_divisions), and max_split_size and
+  /// max_non_split_rounding not below large_segment_size. Throws config_error naming the key
+  /// (position: npos); thread-safe.
   void validate() const;
 
   /// One line for each set key that gpumem accepts but does not honour, saying why; empty when
@@ -165,74 +164,14 @@ struct allocator_config {
   /// classic, as PyTorch falls back from expandable_segments:True. Thread-safe; never throws.
   allocator_policy effective_policy(bool device_supports_vmm) const noexcept;
 
-  friend bool operator==(const allocator_config& a, const allocator_config& b) noexcept {
-    return a.max_split_size == b.max_split_size &&
-           a.max_non_split_rounding == b.max_non_split_rounding &&
-           a.large_segment_size == b.large_segment_size &&
-           a.roundup_power2_divisions == b.roundup_power2_divisions &&
-           a.garbage_collection_threshold == b.garbage_collection_threshold &&
-           a.per_process_memory_fraction == b.per_process_memory_fraction &&
-           a.expandable_segments == b.expandable_segments &&
-           a.release_lock_on_cudamalloc == b.release_lock_on_cudamalloc &&
-           a.graph_capture_record_stream_reuse == b.graph_capture_record_stream_reuse &&
-           a.pinned_use_cuda_host_register == b.pinned_use_cuda_host_register &&
-           a.pinned_num_register_threads == b.pinned_num_register_threads &&
-           a.pinned_use_background_threads == b.pinned_use_background_threads &&
-           a.pinned_reserve_segment_size == b.pinned_reserve_segment_size &&
-           a.backend == b.backend && a.policy == b.policy &&
-           a.stitch_headroom == b.stitch_headroom &&
-           a.stitch_settle_limit == b.stitch_settle_limit &&
-           a.stitch_recurring_limit == b.stitch_recurring_limit &&
-           a.stitch_recurring_misses == b.stitch_recurring_misses &&
-           a.stitch_settled_allocations == b.stitch_settled_allocations;
-  }
+  /// Every key's field is equal (detail::config_keys). Thread-safe; never throws.
+  friend bool operator==(const allocator_config& a, const allocator_config& b) noexcept;
   friend bool operator!=(const allocator_config& a, const allocator_config& b) noexcept {
     return !(a == b);
   }
 };
 
 namespace detail {
-
-// PyTorch 2.11's keys (AcceleratorAllocatorConfig's and CUDAAllocatorConfig's), then gpumem's.
-inline constexpr std::array<std::string_view, 16> pytorch_config_keys{
-    "backend",
-    "large_segment_size_mb",
-    "max_split_size_mb",
-    "max_non_split_rounding_mb",
-    "roundup_power2_divisions",
-    "garbage_collection_threshold",
-    "per_process_memory_fraction",
-    "expandable_segments",
-    "release_lock_on_cudamalloc",
-    "release_lock_on_hipmalloc",
-    "graph_capture_record_stream_reuse",
-    "pinned_use_cuda_host_register",
-    "pinned_use_hip_host_register",
-    "pinned_num_register_threads",
-    "pinned_use_background_threads",
-    "pinned_reserve_segment_size_mb"};
-inline constexpr std::array<std::string_view, 6> gpumem_config_keys{"policy",
-                                                                    "stitch_headroom",
-                                                                    "stitch_settle_limit",
-                                                                    "stitch_recurring_limit",
-                                                                    "stitch_recurring_misses",
-                                                                    "stitch_settled_allocations"};
-
-inline bool is_pytorch_config_key(std::string_view key) noexcept {
-  return std::find(pytorch_config_keys.begin(), pytorch_config_keys.end(), key) !=
-         pytorch_config_keys.end();
-}
-inline bool is_gpumem_config_key(std::string_view key) noexcept {
-  return std::find(gpumem_config_keys.begin(), gpumem_config_keys.end(), key) !=
-         gpumem_config_keys.end();
-}
-
-inline std::string known_config_keys() {
-  std::string all;
-  for (auto key : pytorch_config_keys) all += (all.empty() ? "" : ", ") + std::string(key);
-  for (auto key : gpumem_config_keys) all += ", " + std::string(key);
-  return all;
-}
 
 inline constexpr std::size_t max_whole_mib = std::numeric_limits<std::size_t>::max() / config_mib;
 
@@ -256,8 +195,331 @@ inline const config_token& single_value(const config_entry& entry, config_source
   return entry.value;
 }
 
-inline void apply_roundup_power2_divisions(allocator_config& config, const config_entry& entry,
-                                           config_source source) {
+// Shortest text that reads back as the same double.
+inline std::string config_double_text(double value) {
+  char buffer[32];
+  const auto result = std::to_chars(buffer, buffer + sizeof buffer, value);
+  return std::string(buffer, result.ptr);
+}
+
+// ---- The table of keys --------------------------------------------------------------------------
+//
+// config_keys has one row per setting: its spellings, which variables may hold it, the numbers it
+// accepts, how it is read from a string (apply), written back (text), compared (same) and checked
+// when set in code (check), and its row of docs/configuration.md. parse(), to_string(),
+// operator==, validate() and the list of known keys in error messages are loops over the table;
+// tests/test_config_doc.cpp fails when docs/configuration.md's "Keys" table says otherwise.
+// Adding a key: a field in allocator_config and a row here (the helpers below cover flags,
+// fractions, counts and MiB sizes), then the row in the docs.
+
+// Who defined a key. PyTorch's keys are read from every variable; gpumem's own only from
+// GPUMEM_ALLOC_CONF and code, because PyTorch refuses to start on a key it does not know.
+enum class config_key_origin { pytorch, gpumem };
+
+// The numbers a key accepts, in the string's unit (MiB for sizes); an open end is excluded. Every
+// limit is an integer below 2^53 or a simple fraction, so a double holds it exactly.
+struct config_range {
+  double lo = 0.0;
+  double hi = std::numeric_limits<double>::infinity();
+  bool lo_open = false;
+  bool hi_open = false;
+
+  constexpr bool below(double v) const noexcept { return lo_open ? !(v > lo) : !(v >= lo); }
+  constexpr bool above(double v) const noexcept { return hi_open ? !(v < hi) : !(v <= hi); }
+  // NaN is in no range (and below every one).
+  constexpr bool contains(double v) const noexcept {
+    return (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
+  }
+};
+
+// The ranges in interval notation: closed [lo, hi], open (lo, hi), left_open (lo, hi],
+// right_open [lo, hi), at_least [lo, inf).
+constexpr config_range any_number() noexcept {
+  return {};
+}
+constexpr config_range closed(double lo, double hi) noexcept {
+  return {lo, hi, false, false};
+}
+constexpr config_range open(double lo, double hi) noexcept {
+  return {lo, hi, true, true};
+}
+constexpr config_range left_open(double lo, double hi) noexcept {
+  return {lo, hi, true, false};
+}
+constexpr config_range right_open(double lo, double hi) noexcept {
+  return {lo, hi, false, true};
+}
+constexpr config_range at_least(double lo) noexcept {
+  return {lo, std::numeric_limits<double>::infinity(), false, false};
+}
+
+// What a key accepts. A string's value outside `range` is refused with `too_low` or `too_high`
+// (`too_low` when empty), where "{}" stands for the limit crossed. validate() refuses a value set
+// in code outside the range with `check_reason`, except 0 where `zero_is_unset`.
+struct config_limits {
+  config_range range;
+  bool power_of_two = false;  // a count must also be a power of two
+  bool zero_is_unset = false;
+  std::string_view too_low;
+  std::string_view too_high;
+  std::string_view check_reason;
+};
+
+// Flags and the keys whose values are names.
+inline constexpr config_limits no_limits{};
+
+// The key's row of docs/configuration.md's "Keys" table, after the key itself.
+struct config_key_doc {
+  std::string_view default_value;
+  std::string_view accepted_values;
+  std::string_view meaning;
+  std::string_view honoured;
+};
+
+struct config_key;
+
+struct config_key_handlers {
+  // Reads one `key:value` entry into the config; throws config_error.
+  void (*apply)(const config_key& self, allocator_config& config, const config_entry& entry,
+                config_source source);
+  // The value to_string() writes, nothing when the key is left out (at its default).
+  std::optional<std::string> (*text)(const config_key& self, const allocator_config& config);
+  // Whether the setting is the same in both.
+  bool (*same)(const allocator_config& a, const allocator_config& b) noexcept;
+  // validate(): throws config_error when a value set in code is outside the limits.
+  void (*check)(const config_key& self, const allocator_config& config);
+};
+
+struct config_key {
+  std::string_view name;   // the spelling in strings (PyTorch's, for PyTorch's keys)
+  std::string_view alias;  // a second spelling of the same setting (PyTorch's ROCm name), or ""
+  config_key_origin origin;
+  // Read before every other key of the string, wherever it appears (large_segment_size_mb: the
+  // other sizes are checked against it).
+  bool applied_first;
+  config_limits limits;
+  config_key_doc doc;
+  config_key_handlers handlers;
+};
+
+// The type of allocator_config's member F.
+template <auto F>
+using config_field_t =
+    std::remove_cv_t<std::remove_reference_t<decltype(std::declval<allocator_config&>().*F)>>;
+
+inline std::string with_limit(std::string_view reason, std::uint64_t limit) {
+  std::string text(reason);
+  const std::size_t at = text.find("{}");
+  if (at != std::string::npos) text.replace(at, 2, std::to_string(limit));
+  return text;
+}
+
+[[noreturn]] inline void refuse_value(const config_entry& entry, config_source source,
+                                      std::string_view reason) {
+  throw_invalid_value(source, entry.key.text, entry.value_text, entry.value.position, reason);
+}
+
+// validate()'s error: "gpumem config: <key> = <value> <reason>", position npos.
+[[noreturn]] inline void refuse_setting(std::string_view key, const std::string& value,
+                                        std::string_view reason) {
+  throw config_error(
+      "gpumem config: " + std::string(key) + " = " + value + " " + std::string(reason),
+      std::string(key), value, std::string::npos);
+}
+
+// A non-negative integer within the row's limits.
+inline std::uint64_t read_limited_uint(const config_key& self, const config_entry& entry,
+                                       config_source source) {
+  const std::uint64_t n = read_config_uint(single_value(entry, source), entry.key.text, source);
+  const auto v = static_cast<double>(n);
+  const std::string_view too_high =
+      self.limits.too_high.empty() ? self.limits.too_low : self.limits.too_high;
+  if (self.limits.range.below(v)) {
+    refuse_value(entry, source,
+                 with_limit(self.limits.too_low, static_cast<std::uint64_t>(self.limits.range.lo)));
+  }
+  if (self.limits.range.above(v)) {
+    refuse_value(entry, source,
+                 with_limit(too_high, static_cast<std::uint64_t>(self.limits.range.hi)));
+  }
+  if (self.limits.power_of_two && !is_power_of_two(n)) {
+    refuse_value(entry, source, self.limits.too_low);
+  }
+  return n;
+}
+
+inline double read_limited_double(const config_key& self, const config_entry& entry,
+                                  config_source source) {
+  const double v = read_config_double(single_value(entry, source), entry.key.text, source);
+  if (!self.limits.range.contains(v)) refuse_value(entry, source, self.limits.too_low);
+  return v;
+}
+
+template <auto F>
+bool same_field(const allocator_config& a, const allocator_config& b) noexcept {
+  return a.*F == b.*F;
+}
+
+// ---- True/False flags
+template <auto F>
+void apply_flag(const config_key&, allocator_config& config, const config_entry& entry,
+                config_source source) {
+  config.*F = read_config_bool(single_value(entry, source), entry.key.text, source);
+}
+template <auto F>
+std::optional<std::string> flag_text(const config_key&, const allocator_config& config) {
+  if (config.*F == allocator_config{}.*F) return std::nullopt;
+  return config.*F ? "True" : "False";
+}
+
+// ---- Fractions (double)
+template <auto F>
+void apply_fraction(const config_key& self, allocator_config& config, const config_entry& entry,
+                    config_source source) {
+  config.*F = read_limited_double(self, entry, source);
+}
+template <auto F>
+std::optional<std::string> fraction_text(const config_key&, const allocator_config& config) {
+  if (config.*F == allocator_config{}.*F) return std::nullopt;
+  return config_double_text(config.*F);
+}
+template <auto F>
+void check_fraction(const config_key& self, const allocator_config& config) {
+  const double v = config.*F;
+  if (self.limits.zero_is_unset && v == 0.0) return;
+  if (!self.limits.range.contains(v)) {
+    refuse_setting(self.name, config_double_text(v), self.limits.check_reason);
+  }
+}
+
+// ---- Counts (integers)
+template <auto F>
+void apply_count(const config_key& self, allocator_config& config, const config_entry& entry,
+                 config_source source) {
+  config.*F = static_cast<config_field_t<F>>(read_limited_uint(self, entry, source));
+}
+template <auto F>
+std::optional<std::string> count_text(const config_key&, const allocator_config& config) {
+  if (config.*F == allocator_config{}.*F) return std::nullopt;
+  return std::to_string(config.*F);
+}
+template <auto F>
+void check_count(const config_key& self, const allocator_config& config) {
+  const auto n = config.*F;
+  if (self.limits.zero_is_unset && n == 0) return;
+  if (!self.limits.range.contains(static_cast<double>(n)) ||
+      (self.limits.power_of_two && !is_power_of_two(static_cast<std::uint64_t>(n)))) {
+    refuse_setting(self.name, std::to_string(n), self.limits.check_reason);
+  }
+}
+
+// ---- Sizes: whole MiB in strings, bytes in the config
+template <auto F>
+void apply_mib(const config_key& self, allocator_config& config, const config_entry& entry,
+               config_source source) {
+  config.*F = clamped_mib_to_bytes(read_limited_uint(self, entry, source));
+}
+template <auto F>
+std::optional<std::string> mib_text(const config_key&, const allocator_config& config) {
+  if (config.*F == allocator_config{}.*F) return std::nullopt;
+  return std::to_string(config.*F / config_mib);
+}
+template <auto F>
+void check_mib(const config_key& self, const allocator_config& config) {
+  const std::size_t bytes = config.*F;
+  if (self.limits.zero_is_unset && bytes == 0) return;
+  if (!self.limits.range.contains(static_cast<double>(bytes) / static_cast<double>(config_mib))) {
+    refuse_setting(self.name, std::to_string(bytes) + " B", self.limits.check_reason);
+  }
+}
+
+// large_segment_size_mb (applied first): max_non_split_rounding follows it unless set apart.
+inline void apply_large_segment_size(const config_key& self, allocator_config& config,
+                                     const config_entry& entry, config_source source) {
+  const std::size_t segment = clamped_mib_to_bytes(read_limited_uint(self, entry, source));
+  if (config.max_non_split_rounding == config.large_segment_size) {
+    config.max_non_split_rounding = segment;
+  }
+  config.large_segment_size = segment;
+}
+
+// max_split_size_mb and max_non_split_rounding_mb: at least large_segment_size_mb (PyTorch 2.11).
+template <auto F>
+void apply_segment_bound(const config_key& self, allocator_config& config,
+                         const config_entry& entry, config_source source) {
+  const std::uint64_t in_mib = read_limited_uint(self, entry, source);
+  const std::size_t min_mib = config.large_segment_size / config_mib;
+  if (in_mib < min_mib) refuse_value(entry, source, with_limit(self.limits.too_low, min_mib));
+  config.*F = clamped_mib_to_bytes(in_mib);
+}
+template <auto F>
+void check_segment_bound(const config_key& self, const allocator_config& config) {
+  if (config.*F < config.large_segment_size) {
+    refuse_setting(self.name, std::to_string(config.*F) + " B",
+                   with_limit(self.limits.check_reason, config.large_segment_size));
+  }
+}
+// parse() makes the rounding follow the segment size, so only a different value needs writing.
+inline std::optional<std::string> max_non_split_rounding_text(const config_key&,
+                                                              const allocator_config& config) {
+  if (config.max_non_split_rounding == config.large_segment_size) return std::nullopt;
+  return std::to_string(config.max_non_split_rounding / config_mib);
+}
+
+// per_process_memory_fraction: unset unless given.
+inline void apply_memory_fraction(const config_key& self, allocator_config& config,
+                                  const config_entry& entry, config_source source) {
+  config.per_process_memory_fraction = read_limited_double(self, entry, source);
+}
+inline std::optional<std::string> memory_fraction_text(const config_key&,
+                                                       const allocator_config& config) {
+  if (!config.per_process_memory_fraction) return std::nullopt;
+  return config_double_text(*config.per_process_memory_fraction);
+}
+inline void check_memory_fraction(const config_key& self, const allocator_config& config) {
+  const auto& fraction = config.per_process_memory_fraction;
+  if (fraction && !self.limits.range.contains(*fraction)) {
+    refuse_setting(self.name, config_double_text(*fraction), self.limits.check_reason);
+  }
+}
+
+// backend
+inline void apply_backend(const config_key& self, allocator_config& config,
+                          const config_entry& entry, config_source source) {
+  const std::string& name = single_value(entry, source).text;
+  if (name != "native" && name != "cudaMallocAsync") {
+    refuse_value(entry, source, self.limits.too_low);
+  }
+  config.backend = name;
+}
+inline std::optional<std::string> backend_text(const config_key&, const allocator_config& config) {
+  if (config.backend == allocator_config{}.backend) return std::nullopt;
+  return config.backend;
+}
+
+// policy
+inline void apply_policy(const config_key& self, allocator_config& config,
+                         const config_entry& entry, config_source source) {
+  const std::string& name = single_value(entry, source).text;
+  for (auto policy : {allocator_policy::automatic, allocator_policy::classic,
+                      allocator_policy::expandable, allocator_policy::stitch}) {
+    if (name == gpumem::to_string(policy)) {
+      config.policy = policy;
+      return;
+    }
+  }
+  refuse_value(entry, source, self.limits.too_low);
+}
+inline std::optional<std::string> policy_text(const config_key&, const allocator_config& config) {
+  if (config.policy == allocator_config{}.policy) return std::nullopt;
+  return std::string(gpumem::to_string(config.policy));
+}
+
+inline void no_check(const config_key&, const allocator_config&) {}
+
+// roundup_power2_divisions: a single count, or PyTorch's list of intervals.
+inline void apply_roundup_power2_divisions(const config_key&, allocator_config& config,
+                                           const config_entry& entry, config_source source) {
   const std::string& key = entry.key.text;
   auto& table = config.roundup_power2_divisions;
   table.fill(0);  // the key describes the whole table, as in PyTorch (which resets it per parse)
@@ -310,181 +572,6 @@ inline void apply_roundup_power2_divisions(allocator_config& config, const confi
   }
 }
 
-// Applies one parsed entry to `config`. large_segment_size_mb was already applied by the caller.
-inline void apply_config_entry(allocator_config& config, const config_entry& entry,
-                               config_source source) {
-  const std::string& key = entry.key.text;
-  auto bool_value = [&] { return read_config_bool(single_value(entry, source), key, source); };
-  auto uint_value = [&] { return read_config_uint(single_value(entry, source), key, source); };
-  auto double_value = [&] { return read_config_double(single_value(entry, source), key, source); };
-  auto fail = [&](std::string_view reason) {
-    throw_invalid_value(source, key, entry.value_text, entry.value.position, reason);
-  };
-
-  if (key == "large_segment_size_mb") {
-    return;
-  } else if (key == "max_split_size_mb" || key == "max_non_split_rounding_mb") {
-    const std::uint64_t in_mib = uint_value();
-    // PyTorch 2.11: both must be >= large_segment_size_mb (20 by default), so 20 is accepted.
-    const std::size_t min_mib = config.large_segment_size / config_mib;
-    if (in_mib < min_mib) {
-      fail("must be at least " + std::to_string(min_mib) +
-           " (MiB, the large segment size), as PyTorch 2.11 requires");
-    }
-    (key == "max_split_size_mb" ? config.max_split_size : config.max_non_split_rounding) =
-        clamped_mib_to_bytes(in_mib);
-  } else if (key == "roundup_power2_divisions") {
-    apply_roundup_power2_divisions(config, entry, source);
-  } else if (key == "garbage_collection_threshold") {
-    const double threshold = double_value();
-    if (!(threshold > 0.0 && threshold < 1.0)) fail("must be in (0, 1), both ends excluded");
-    config.garbage_collection_threshold = threshold;
-  } else if (key == "per_process_memory_fraction") {
-    const double fraction = double_value();
-    if (!(fraction >= 0.0 && fraction <= 1.0)) fail("must be in [0, 1]");
-    config.per_process_memory_fraction = fraction;
-  } else if (key == "expandable_segments") {
-    config.expandable_segments = bool_value();
-  } else if (key == "release_lock_on_cudamalloc" || key == "release_lock_on_hipmalloc") {
-    config.release_lock_on_cudamalloc = bool_value();
-  } else if (key == "graph_capture_record_stream_reuse") {
-    config.graph_capture_record_stream_reuse = bool_value();
-  } else if (key == "pinned_use_cuda_host_register" || key == "pinned_use_hip_host_register") {
-    config.pinned_use_cuda_host_register = bool_value();
-  } else if (key == "pinned_num_register_threads") {
-    const std::uint64_t threads = uint_value();
-    if (!is_power_of_two(threads) || threads > 128) {
-      fail("must be a power of two no greater than 128");
-    }
-    config.pinned_num_register_threads = static_cast<std::size_t>(threads);
-  } else if (key == "pinned_use_background_threads") {
-    config.pinned_use_background_threads = bool_value();
-  } else if (key == "pinned_reserve_segment_size_mb") {
-    const std::uint64_t in_mib = uint_value();
-    if (in_mib == 0) fail("must be greater than 0");
-    if (in_mib > max_segment_mib) {
-      fail("must be at most " + std::to_string(max_segment_mib) +
-           " (MiB, 1 TiB: the largest segment gpumem asks the device for)");
-    }
-    config.pinned_reserve_segment_size = static_cast<std::size_t>(in_mib) * config_mib;
-  } else if (key == "backend") {
-    const std::string& name = single_value(entry, source).text;
-    if (name != "native" && name != "cudaMallocAsync") fail("expected native or cudaMallocAsync");
-    config.backend = name;
-  } else if (key == "stitch_headroom" || key == "stitch_settle_limit" ||
-             key == "stitch_recurring_limit") {
-    const double fraction = double_value();
-    if (!(fraction >= 0.0 && fraction < 1.0)) fail("must be in [0, 1): a fraction of memory");
-    (key == "stitch_headroom"       ? config.stitch_headroom
-     : key == "stitch_settle_limit" ? config.stitch_settle_limit
-                                    : config.stitch_recurring_limit) = fraction;
-  } else if (key == "stitch_recurring_misses") {
-    const std::uint64_t misses = uint_value();
-    if (misses == 0 || misses > 1000000) fail("must be from 1 to 1000000");
-    config.stitch_recurring_misses = static_cast<std::uint32_t>(misses);
-  } else if (key == "stitch_settled_allocations") {
-    const std::uint64_t allocations = uint_value();
-    if (allocations == 0) fail("must be at least 1");
-    config.stitch_settled_allocations = allocations;
-  } else if (key == "policy") {
-    const std::string& name = single_value(entry, source).text;
-    if (name == "auto") {
-      config.policy = allocator_policy::automatic;
-    } else if (name == "classic") {
-      config.policy = allocator_policy::classic;
-    } else if (name == "expandable") {
-      config.policy = allocator_policy::expandable;
-    } else if (name == "stitch") {
-      config.policy = allocator_policy::stitch;
-    } else {
-      fail("expected auto, classic, expandable or stitch");
-    }
-  }
-}
-
-inline allocator_config parse_config(std::string_view text, allocator_config config,
-                                     config_source source, bool pytorch_keys_only) {
-  const std::vector<config_entry> entries = read_config_entries(text, source);
-  for (const config_entry& entry : entries) {
-    const std::string& key = entry.key.text;
-    if (is_pytorch_config_key(key)) continue;
-    if (is_gpumem_config_key(key)) {
-      if (!pytorch_keys_only) continue;
-      throw config_error("gpumem config: key '" + printable_excerpt(key) + "' (value '" +
-                             printable_excerpt(entry.value_text) + "') " +
-                             config_location(entry.key.position, source) +
-                             " is gpumem's own: PyTorch rejects it at startup, so set it in "
-                             "GPUMEM_ALLOC_CONF instead",
-                         key, entry.value_text, entry.key.position);
-    }
-    throw config_error("gpumem config: unknown key '" + printable_excerpt(key) + "' (value '" +
-                           printable_excerpt(entry.value_text) + "') " +
-                           config_location(entry.key.position, source) + ": known keys are " +
-                           known_config_keys(),
-                       key, entry.value_text, entry.key.position);
-  }
-
-  // Like PyTorch, large_segment_size_mb is read first wherever it appears: it is the minimum the
-  // other two sizes are checked against, and max_non_split_rounding follows it unless set.
-  const config_entry* segment_entry = nullptr;
-  for (const config_entry& entry : entries) {
-    if (entry.key.text != "large_segment_size_mb") continue;
-    const std::uint64_t in_mib =
-        read_config_uint(single_value(entry, source), entry.key.text, source);
-    if (in_mib <= 10) {
-      throw_invalid_value(source, entry.key.text, entry.value_text, entry.value.position,
-                          "must be greater than 10 (MiB, the large-allocation threshold)");
-    }
-    if (in_mib > max_segment_mib) {
-      throw_invalid_value(source, entry.key.text, entry.value_text, entry.value.position,
-                          "must be at most " + std::to_string(max_segment_mib) +
-                              " (MiB, 1 TiB: the largest segment gpumem asks the device for)");
-    }
-    segment_entry = &entry;
-  }
-  bool split_set = false;
-  bool rounding_set = false;
-  for (const config_entry& entry : entries) {
-    split_set = split_set || entry.key.text == "max_split_size_mb";
-    rounding_set = rounding_set || entry.key.text == "max_non_split_rounding_mb";
-  }
-  if (segment_entry != nullptr) {
-    const std::size_t segment = static_cast<std::size_t>(
-        read_config_uint(segment_entry->value, segment_entry->key.text, source) * config_mib);
-    // The rounding tolerance tracks the segment size unless something set it apart.
-    if (config.max_non_split_rounding == config.large_segment_size) {
-      config.max_non_split_rounding = segment;
-    }
-    config.large_segment_size = segment;
-  }
-
-  for (const config_entry& entry : entries) apply_config_entry(config, entry, source);
-
-  // Values kept from `base` must still satisfy PyTorch's checks against a new segment size.
-  if (segment_entry != nullptr) {
-    auto check_kept = [&](bool set_here, std::size_t kept, std::string_view kept_key) {
-      if (set_here || kept >= config.large_segment_size ||
-          kept == std::numeric_limits<std::size_t>::max()) {
-        return;
-      }
-      throw_invalid_value(source, segment_entry->key.text, segment_entry->value_text,
-                          segment_entry->value.position,
-                          "must not exceed " + std::string(kept_key) + " (" +
-                              std::to_string(kept / config_mib) + " MiB, set before)");
-    };
-    check_kept(split_set, config.max_split_size, "max_split_size_mb");
-    check_kept(rounding_set, config.max_non_split_rounding, "max_non_split_rounding_mb");
-  }
-  return config;
-}
-
-// Shortest text that reads back as the same double.
-inline std::string config_double_text(double value) {
-  char buffer[32];
-  const auto result = std::to_chars(buffer, buffer + sizeof buffer, value);
-  return std::string(buffer, result.ptr);
-}
-
 // A list that parse() turns back into exactly `table`, given PyTorch's fill rules: the first item
 // fills the leading run, '>' fills the trailing run, zeros in between need no item.
 inline std::string roundup_power2_divisions_text(const std::array<std::size_t, 16>& table) {
@@ -511,7 +598,351 @@ inline std::string roundup_power2_divisions_text(const std::array<std::size_t, 1
   return text + "]";
 }
 
+inline std::optional<std::string> roundup_power2_divisions_text(const config_key&,
+                                                                const allocator_config& config) {
+  if (config.roundup_power2_divisions == allocator_config{}.roundup_power2_divisions) {
+    return std::nullopt;
+  }
+  return roundup_power2_divisions_text(config.roundup_power2_divisions);
+}
+
+inline void check_roundup_power2_divisions(const config_key& self, const allocator_config& config) {
+  for (std::size_t d : config.roundup_power2_divisions) {
+    if (self.limits.zero_is_unset && d == 0) continue;
+    if (!is_power_of_two(d)) refuse_setting(self.name, std::to_string(d), self.limits.check_reason);
+  }
+}
+
+template <auto F>
+constexpr config_key_handlers flag_handlers() {
+  return {apply_flag<F>, flag_text<F>, same_field<F>, no_check};
+}
+template <auto F>
+constexpr config_key_handlers fraction_handlers() {
+  return {apply_fraction<F>, fraction_text<F>, same_field<F>, check_fraction<F>};
+}
+template <auto F>
+constexpr config_key_handlers count_handlers() {
+  return {apply_count<F>, count_text<F>, same_field<F>, check_count<F>};
+}
+template <auto F>
+constexpr config_key_handlers mib_handlers() {
+  return {apply_mib<F>, mib_text<F>, same_field<F>, check_mib<F>};
+}
+template <auto F>
+constexpr config_key_handlers segment_bound_handlers(
+    std::optional<std::string> (*text)(const config_key&, const allocator_config&)) {
+  return {apply_segment_bound<F>, text, same_field<F>, check_segment_bound<F>};
+}
+
+// Every key: PyTorch 2.11's (AcceleratorAllocatorConfig's and CUDAAllocatorConfig's), then
+// gpumem's. The order is to_string()'s and that of the known keys in error messages.
+inline constexpr std::array<config_key, 20> config_keys{{
+    {"backend",
+     "",
+     config_key_origin::pytorch,
+     /*applied_first=*/false,
+     {any_number(), /*power_of_two=*/false, /*zero_is_unset=*/false,
+      "expected native or cudaMallocAsync", "", ""},
+     {"`native`", "`native`, `cudaMallocAsync`", "Which allocator PyTorch uses",
+      "`native`: yes. `cudaMallocAsync`: accepted but not honoured, because gpumem is itself the "
+      "allocator (note)."},
+     {apply_backend, backend_text, same_field<&allocator_config::backend>, no_check}},
+    {"large_segment_size_mb",
+     "",
+     config_key_origin::pytorch,
+     /*applied_first=*/true,
+     {left_open(10.0, static_cast<double>(max_segment_mib)), /*power_of_two=*/false,
+      /*zero_is_unset=*/false, "must be greater than {} (MiB, the large-allocation threshold)",
+      "must be at most {} (MiB, 1 TiB: the largest segment gpumem asks the device for)",
+      "is outside (10 MiB, 1 TiB]"},
+     {"`20`", "integer > 10, at most 1048576 (1 TiB)",
+      "Segment size obtained for requests larger than 1 MiB and smaller than 10 MiB, and the "
+      "growth step of expandable segments. It is also the minimum for the next two keys and the "
+      "default of `max_non_split_rounding_mb`. New in PyTorch 2.11.",
+      "all policies"},
+     {apply_large_segment_size, mib_text<&allocator_config::large_segment_size>,
+      same_field<&allocator_config::large_segment_size>,
+      check_mib<&allocator_config::large_segment_size>}},
+    {"max_split_size_mb",
+     "",
+     config_key_origin::pytorch,
+     /*applied_first=*/false,
+     {any_number(), /*power_of_two=*/false, /*zero_is_unset=*/false,
+      "must be at least {} (MiB, the large segment size), as PyTorch 2.11 requires", "",
+      "is below large_segment_size ({} B)"},
+     {"unlimited", "integer ≥ `large_segment_size_mb` (20 by default, so 20 is valid)",
+      "Blocks of at least this size are never split (\"oversize\")", "all policies"},
+     segment_bound_handlers<&allocator_config::max_split_size>(
+         mib_text<&allocator_config::max_split_size>)},
+    {"max_non_split_rounding_mb",
+     "",
+     config_key_origin::pytorch,
+     /*applied_first=*/false,
+     {any_number(), /*power_of_two=*/false, /*zero_is_unset=*/false,
+      "must be at least {} (MiB, the large segment size), as PyTorch 2.11 requires", "",
+      "is below large_segment_size ({} B)"},
+     {"= `large_segment_size_mb` (20)", "integer ≥ `large_segment_size_mb`",
+      "An oversize request may take a cached oversize block at most this much larger than itself",
+      "all policies"},
+     segment_bound_handlers<&allocator_config::max_non_split_rounding>(
+         max_non_split_rounding_text)},
+    {"roundup_power2_divisions",
+     "",
+     config_key_origin::pytorch,
+     /*applied_first=*/false,
+     {any_number(), /*power_of_two=*/true, /*zero_is_unset=*/true, "", "",
+      "is neither 0 nor a power of two"},
+     {"0 (off) in every interval",
+      "`N`, or `[interval_mb:N,...,>:N]` with each `N` 0 or a power of two (the single form must "
+      "be a power of two)",
+      "Rounds requests up to one of `N` steps per power-of-two size interval", "all policies"},
+     {apply_roundup_power2_divisions, roundup_power2_divisions_text,
+      same_field<&allocator_config::roundup_power2_divisions>, check_roundup_power2_divisions}},
+    {"garbage_collection_threshold",
+     "",
+     config_key_origin::pytorch,
+     /*applied_first=*/false,
+     {open(0.0, 1.0), /*power_of_two=*/false, /*zero_is_unset=*/true,
+      "must be in (0, 1), both ends excluded", "", "is outside [0, 1)"},
+     {"0 (off)", "(0, 1), both ends excluded",
+      "Under a memory cap, frees old cached blocks when reserved memory exceeds threshold × cap",
+      "all policies, but only with `per_process_memory_fraction` below 1, as in PyTorch (note "
+      "otherwise)"},
+     fraction_handlers<&allocator_config::garbage_collection_threshold>()},
+    {"per_process_memory_fraction",
+     "",
+     config_key_origin::pytorch,
+     /*applied_first=*/false,
+     {closed(0.0, 1.0), /*power_of_two=*/false, /*zero_is_unset=*/false, "must be in [0, 1]", "",
+      "is outside [0, 1]"},
+     {"unset (no cap)", "[0, 1]",
+      "Caps reserved memory at fraction × device memory. `1` means no cap, as in PyTorch.",
+      "all policies"},
+     {apply_memory_fraction, memory_fraction_text,
+      same_field<&allocator_config::per_process_memory_fraction>, check_memory_fraction}},
+    {"expandable_segments",
+     "",
+     config_key_origin::pytorch,
+     /*applied_first=*/false,
+     no_limits,
+     {"`False`", "`True`, `False`", "One growable virtual range per stream and pool",
+      "Selects `policy:expandable` when `policy` is `auto`. No effect when `policy` is `classic` "
+      "or `stitch` (note)."},
+     flag_handlers<&allocator_config::expandable_segments>()},
+    {"release_lock_on_cudamalloc",
+     "release_lock_on_hipmalloc",
+     config_key_origin::pytorch,
+     /*applied_first=*/false,
+     no_limits,
+     {"`False`", "`True`, `False`", "Release the allocator lock around `cudaMalloc`",
+      "no: gpumem keeps its lock during device calls (note)"},
+     flag_handlers<&allocator_config::release_lock_on_cudamalloc>()},
+    {"graph_capture_record_stream_reuse",
+     "",
+     config_key_origin::pytorch,
+     /*applied_first=*/false,
+     no_limits,
+     {"`False`", "`True`, `False`",
+      "During CUDA graph capture, reuse blocks freed with `record_stream` once graph order makes "
+      "it safe",
+      "no: gpumem has no graph-capture pools (note)"},
+     flag_handlers<&allocator_config::graph_capture_record_stream_reuse>()},
+    {"pinned_use_cuda_host_register",
+     "pinned_use_hip_host_register",
+     config_key_origin::pytorch,
+     /*applied_first=*/false,
+     no_limits,
+     {"`False`", "`True`, `False`",
+      "Pinned host memory from `malloc` + `cudaHostRegister` instead of `cudaHostAlloc`",
+      "yes, by `pinned_pool`"},
+     flag_handlers<&allocator_config::pinned_use_cuda_host_register>()},
+    {"pinned_num_register_threads",
+     "",
+     config_key_origin::pytorch,
+     /*applied_first=*/false,
+     {closed(1.0, 128.0), /*power_of_two=*/true, /*zero_is_unset=*/false,
+      "must be a power of two no greater than 128", "", "is not a power of two up to 128"},
+     {"`1`", "power of two ≤ 128",
+      "Threads that page in and register pinned memory under the key above",
+      "yes, by `pinned_pool` (pages pre-faulted in parallel, then one `cudaHostRegister`)"},
+     count_handlers<&allocator_config::pinned_num_register_threads>()},
+    {"pinned_use_background_threads",
+     "",
+     config_key_origin::pytorch,
+     /*applied_first=*/false,
+     no_limits,
+     {"`False`", "`True`, `False`", "Process pinned-memory events on a background thread",
+      "no (note)"},
+     flag_handlers<&allocator_config::pinned_use_background_threads>()},
+    {"pinned_reserve_segment_size_mb",
+     "",
+     config_key_origin::pytorch,
+     /*applied_first=*/false,
+     {left_open(0.0, static_cast<double>(max_segment_mib)), /*power_of_two=*/false,
+      /*zero_is_unset=*/true, "must be greater than {}",
+      "must be at most {} (MiB, 1 TiB: the largest segment gpumem asks the device for)",
+      "is above 1 TiB"},
+     {"unset", "integer > 0, at most 1048576 (1 TiB)",
+      "Reserve one pinned host segment of this size up front and serve small pinned requests from "
+      "it",
+      "no (note)"},
+     mib_handlers<&allocator_config::pinned_reserve_segment_size>()},
+    {"policy",
+     "",
+     config_key_origin::gpumem,
+     /*applied_first=*/false,
+     {any_number(), /*power_of_two=*/false, /*zero_is_unset=*/false,
+      "expected auto, classic, expandable or stitch", "", ""},
+     {"`auto`", "`auto`, `classic`, `expandable`, `stitch`",
+      "gpumem's allocation policy. `auto` means `stitch` where the device supports VMM (the "
+      "simulated device, `cuda_vmm_device`), `expandable` when `expandable_segments:True`, "
+      "otherwise `classic`. Without VMM every policy falls back to `classic`, as PyTorch falls "
+      "back from `expandable_segments:True`.",
+      "yes"},
+     {apply_policy, policy_text, same_field<&allocator_config::policy>, no_check}},
+    {"stitch_headroom",
+     "",
+     config_key_origin::gpumem,
+     /*applied_first=*/false,
+     {right_open(0.0, 1.0), /*power_of_two=*/false, /*zero_is_unset=*/false,
+      "must be in [0, 1): a fraction of memory", "", "is outside [0, 1)"},
+     {"`0.015`", "[0, 1)",
+      "A stitch miss creates new pages before it shares free ones while reserved memory stays "
+      "within this fraction above the high-water mark of requested bytes",
+      "`policy:stitch` (note otherwise)"},
+     fraction_handlers<&allocator_config::stitch_headroom>()},
+    {"stitch_settle_limit",
+     "",
+     config_key_origin::gpumem,
+     /*applied_first=*/false,
+     {right_open(0.0, 1.0), /*power_of_two=*/false, /*zero_is_unset=*/false,
+      "must be in [0, 1): a fraction of memory", "", "is outside [0, 1)"},
+     {"`0.02`", "[0, 1)", "The same bound once the workload has settled", "`policy:stitch`"},
+     fraction_handlers<&allocator_config::stitch_settle_limit>()},
+    {"stitch_recurring_limit",
+     "",
+     config_key_origin::gpumem,
+     /*applied_first=*/false,
+     {right_open(0.0, 1.0), /*power_of_two=*/false, /*zero_is_unset=*/false,
+      "must be in [0, 1): a fraction of memory", "", "is outside [0, 1)"},
+     {"`0.03`", "[0, 1)",
+      "The bound for a whole request in a pool whose misses recur after the workload settled",
+      "`policy:stitch`"},
+     fraction_handlers<&allocator_config::stitch_recurring_limit>()},
+    {"stitch_recurring_misses",
+     "",
+     config_key_origin::gpumem,
+     /*applied_first=*/false,
+     {closed(1.0, 1000000.0), /*power_of_two=*/false, /*zero_is_unset=*/false,
+      "must be from 1 to 1000000", "", "must be from 1 to 1000000"},
+     {"`3`", "1 to 1000000", "Misses of a pool since the workload settled that make them recurring",
+      "`policy:stitch`"},
+     count_handlers<&allocator_config::stitch_recurring_misses>()},
+    {"stitch_settled_allocations",
+     "",
+     config_key_origin::gpumem,
+     /*applied_first=*/false,
+     {at_least(1.0), /*power_of_two=*/false, /*zero_is_unset=*/false, "must be at least 1", "",
+      "must be at least 1"},
+     {"`1024`", "≥ 1",
+      "Allocations without a new high-water mark of requested bytes after which the workload has "
+      "settled",
+      "`policy:stitch`"},
+     count_handlers<&allocator_config::stitch_settled_allocations>()},
+}};
+
+// The row of `key`, under its name or its alias; nullptr for an unknown key.
+inline const config_key* find_config_key(std::string_view key) noexcept {
+  for (const config_key& row : config_keys) {
+    if (row.name == key || (!row.alias.empty() && row.alias == key)) return &row;
+  }
+  return nullptr;
+}
+
+inline std::string known_config_keys() {
+  std::string all;
+  for (const config_key& row : config_keys) {
+    for (std::string_view name : {row.name, row.alias}) {
+      if (name.empty()) continue;
+      if (!all.empty()) all += ", ";
+      all.append(name.data(), name.size());
+    }
+  }
+  return all;
+}
+
+inline allocator_config parse_config(std::string_view text, allocator_config config,
+                                     config_source source, bool pytorch_keys_only) {
+  const std::vector<config_entry> entries = read_config_entries(text, source);
+  std::vector<const config_key*> rows;
+  rows.reserve(entries.size());
+  for (const config_entry& entry : entries) {
+    const std::string& key = entry.key.text;
+    const config_key* row = find_config_key(key);
+    if (row == nullptr) {
+      throw config_error("gpumem config: unknown key '" + printable_excerpt(key) + "' (value '" +
+                             printable_excerpt(entry.value_text) + "') " +
+                             config_location(entry.key.position, source) + ": known keys are " +
+                             known_config_keys(),
+                         key, entry.value_text, entry.key.position);
+    }
+    if (pytorch_keys_only && row->origin == config_key_origin::gpumem) {
+      throw config_error("gpumem config: key '" + printable_excerpt(key) + "' (value '" +
+                             printable_excerpt(entry.value_text) + "') " +
+                             config_location(entry.key.position, source) +
+                             " is gpumem's own: PyTorch rejects it at startup, so set it in "
+                             "GPUMEM_ALLOC_CONF instead",
+                         key, entry.value_text, entry.key.position);
+    }
+    rows.push_back(row);
+  }
+
+  // Like PyTorch, large_segment_size_mb is read first wherever it appears: it is the minimum the
+  // other two sizes are checked against, and max_non_split_rounding follows it unless set.
+  const config_entry* segment_entry = nullptr;
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    if (!rows[i]->applied_first) continue;
+    rows[i]->handlers.apply(*rows[i], config, entries[i], source);
+    segment_entry = &entries[i];
+  }
+  bool split_set = false;
+  bool rounding_set = false;
+  for (const config_entry& entry : entries) {
+    split_set = split_set || entry.key.text == "max_split_size_mb";
+    rounding_set = rounding_set || entry.key.text == "max_non_split_rounding_mb";
+  }
+
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    if (!rows[i]->applied_first) rows[i]->handlers.apply(*rows[i], config, entries[i], source);
+  }
+
+  // Values kept from `base` must still satisfy PyTorch's checks against a new segment size.
+  if (segment_entry != nullptr) {
+    auto check_kept = [&](bool set_here, std::size_t kept, std::string_view kept_key) {
+      if (set_here || kept >= config.large_segment_size ||
+          kept == std::numeric_limits<std::size_t>::max()) {
+        return;
+      }
+      throw_invalid_value(source, segment_entry->key.text, segment_entry->value_text,
+                          segment_entry->value.position,
+                          "must not exceed " + std::string(kept_key) + " (" +
+                              std::to_string(kept / config_mib) + " MiB, set before)");
+    };
+    check_kept(split_set, config.max_split_size, "max_split_size_mb");
+    check_kept(rounding_set, config.max_non_split_rounding, "max_non_split_rounding_mb");
+  }
+  return config;
+}
+
 }  // namespace detail
+
+inline bool operator==(const allocator_config& a, const allocator_config& b) noexcept {
+  for (const detail::config_key& row : detail::config_keys) {
+    if (!row.handlers.same(a, b)) return false;
+  }
+  return true;
+}
 
 inline std::size_t allocator_config::divisions_for(std::size_t size) const noexcept {
   const std::size_t log_size = size == 0 ? 0 : detail::floor_log2(size);
@@ -524,56 +955,7 @@ inline bool allocator_config::has_memory_cap() const noexcept {
 }
 
 inline void allocator_config::validate() const {
-  auto fail = [](const char* key, const std::string& value, const std::string& reason) {
-    throw config_error("gpumem config: " + std::string(key) + " = " + value + " " + reason, key,
-                       value, std::string::npos);
-  };
-  const std::size_t max_segment = static_cast<std::size_t>(detail::max_segment_mib) << 20;
-  if (large_segment_size <= (std::size_t{10} << 20) || large_segment_size > max_segment) {
-    fail("large_segment_size_mb", std::to_string(large_segment_size) + " B",
-         "is outside (10 MiB, 1 TiB]");
-  }
-  if (max_split_size < large_segment_size) {
-    fail("max_split_size_mb", std::to_string(max_split_size) + " B",
-         "is below large_segment_size (" + std::to_string(large_segment_size) + " B)");
-  }
-  if (max_non_split_rounding < large_segment_size) {
-    fail("max_non_split_rounding_mb", std::to_string(max_non_split_rounding) + " B",
-         "is below large_segment_size (" + std::to_string(large_segment_size) + " B)");
-  }
-  if (pinned_reserve_segment_size > max_segment) {
-    fail("pinned_reserve_segment_size_mb", std::to_string(pinned_reserve_segment_size) + " B",
-         "is above 1 TiB");
-  }
-  if (per_process_memory_fraction &&
-      !(*per_process_memory_fraction >= 0.0 && *per_process_memory_fraction <= 1.0)) {
-    fail("per_process_memory_fraction", detail::config_double_text(*per_process_memory_fraction),
-         "is outside [0, 1]");
-  }
-  if (!(garbage_collection_threshold >= 0.0 && garbage_collection_threshold < 1.0)) {
-    fail("garbage_collection_threshold", detail::config_double_text(garbage_collection_threshold),
-         "is outside [0, 1)");
-  }
-  for (std::size_t d : roundup_power2_divisions) {
-    if (d != 0 && !detail::is_power_of_two(d)) {
-      fail("roundup_power2_divisions", std::to_string(d), "is neither 0 nor a power of two");
-    }
-  }
-  for (auto [key, fraction] : {std::pair<const char*, double>{"stitch_headroom", stitch_headroom},
-                               {"stitch_settle_limit", stitch_settle_limit},
-                               {"stitch_recurring_limit", stitch_recurring_limit}}) {
-    if (!(fraction >= 0.0 && fraction < 1.0)) {
-      fail(key, detail::config_double_text(fraction), "is outside [0, 1)");
-    }
-  }
-  if (stitch_recurring_misses == 0) fail("stitch_recurring_misses", "0", "must be at least 1");
-  if (stitch_settled_allocations == 0) {
-    fail("stitch_settled_allocations", "0", "must be at least 1");
-  }
-  if (!detail::is_power_of_two(pinned_num_register_threads) || pinned_num_register_threads > 128) {
-    fail("pinned_num_register_threads", std::to_string(pinned_num_register_threads),
-         "is not a power of two up to 128");
-  }
+  for (const detail::config_key& row : detail::config_keys) row.handlers.check(row, *this);
 }
 
 inline allocator_config allocator_config::parse(std::string_view text, allocator_config base) {
@@ -608,62 +990,14 @@ inline allocator_config allocator_config::resolve(std::string_view code_settings
 }
 
 inline std::string allocator_config::to_string() const {
-  const allocator_config defaults;
   std::string text;
-  auto add = [&](std::string_view key, const std::string& value) {
+  for (const detail::config_key& row : detail::config_keys) {
+    const std::optional<std::string> value = row.handlers.text(row, *this);
+    if (!value) continue;
     if (!text.empty()) text += ',';
-    text.append(key.data(), key.size());
+    text.append(row.name.data(), row.name.size());
     text += ':';
-    text += value;
-  };
-  auto mib = [](std::size_t bytes) { return std::to_string(bytes / detail::config_mib); };
-  auto flag = [](bool value) { return std::string(value ? "True" : "False"); };
-
-  if (backend != defaults.backend) add("backend", backend);
-  if (large_segment_size != defaults.large_segment_size) {
-    add("large_segment_size_mb", mib(large_segment_size));
-  }
-  if (max_split_size != defaults.max_split_size) add("max_split_size_mb", mib(max_split_size));
-  // parse() makes the rounding follow the segment size, so only a different value needs writing.
-  if (max_non_split_rounding != large_segment_size) {
-    add("max_non_split_rounding_mb", mib(max_non_split_rounding));
-  }
-  if (roundup_power2_divisions != defaults.roundup_power2_divisions) {
-    add("roundup_power2_divisions",
-        detail::roundup_power2_divisions_text(roundup_power2_divisions));
-  }
-  if (garbage_collection_threshold != defaults.garbage_collection_threshold) {
-    add("garbage_collection_threshold", detail::config_double_text(garbage_collection_threshold));
-  }
-  if (per_process_memory_fraction) {
-    add("per_process_memory_fraction", detail::config_double_text(*per_process_memory_fraction));
-  }
-  if (expandable_segments) add("expandable_segments", flag(true));
-  if (release_lock_on_cudamalloc) add("release_lock_on_cudamalloc", flag(true));
-  if (graph_capture_record_stream_reuse) add("graph_capture_record_stream_reuse", flag(true));
-  if (pinned_use_cuda_host_register) add("pinned_use_cuda_host_register", flag(true));
-  if (pinned_num_register_threads != defaults.pinned_num_register_threads) {
-    add("pinned_num_register_threads", std::to_string(pinned_num_register_threads));
-  }
-  if (pinned_use_background_threads) add("pinned_use_background_threads", flag(true));
-  if (pinned_reserve_segment_size != defaults.pinned_reserve_segment_size) {
-    add("pinned_reserve_segment_size_mb", mib(pinned_reserve_segment_size));
-  }
-  if (policy != defaults.policy) add("policy", std::string(gpumem::to_string(policy)));
-  if (stitch_headroom != defaults.stitch_headroom) {
-    add("stitch_headroom", detail::config_double_text(stitch_headroom));
-  }
-  if (stitch_settle_limit != defaults.stitch_settle_limit) {
-    add("stitch_settle_limit", detail::config_double_text(stitch_settle_limit));
-  }
-  if (stitch_recurring_limit != defaults.stitch_recurring_limit) {
-    add("stitch_recurring_limit", detail::config_double_text(stitch_recurring_limit));
-  }
-  if (stitch_recurring_misses != defaults.stitch_recurring_misses) {
-    add("stitch_recurring_misses", std::to_string(stitch_recurring_misses));
-  }
-  if (stitch_settled_allocations != defaults.stitch_settled_allocations) {
-    add("stitch_settled_allocations", std::to_string(stitch_settled_allocations));
+    text += *value;
   }
   return text;
 }

@@ -829,10 +829,8 @@ class caching_allocator {
     return *p;
   }
 
-  std::uint64_t& gc_counter(const pool_type& p) noexcept { return gc_calls_[p.is_small ? 0 : 1]; }
-
   GPUMEM_ALWAYS_INLINE void index_insert(pool_type& p, block_type* b) {
-    b->gc_count_base = gc_counter(p);
+    if (!p.is_small) b->gc_count_base = large_free_lookups_;
     p.index.insert(b);
     if (p.free_bound != nullptr && *p.free_bound < b->size) *p.free_bound = b->size;
   }
@@ -842,7 +840,7 @@ class caching_allocator {
   // PyTorch's get_free_block: the best fit on this stream, unless the oversize rules refuse it.
   // Stitch: a block on pages that another range holds is shadowed instead, and the search goes on.
   GPUMEM_ALWAYS_INLINE block_type* get_free_block(pool_type& p, std::size_t rounded) {
-    if (gc_enabled()) ++gc_counter(p);
+    if (gc_enabled() && !p.is_small) ++large_free_lookups_;
     for (;;) {
       block_type* b = p.index.lower_bound(rounded);
       if (b != nullptr && policy_ == allocator_policy::expandable) b = least_expandable(p, b);
@@ -906,7 +904,7 @@ class caching_allocator {
   // the whole cache and retry; then out_of_memory.
   block_type* allocate_new_block(pool_type& p, std::size_t size, std::size_t rounded) {
     if (vmm_policy()) return vmm_allocate_new_block(p, size, rounded);
-    const std::size_t seg_size = detail::allocation_size(rounded, config_.large_segment_size);
+    const std::size_t seg_size = detail::segment_size_for(rounded, config_.large_segment_size);
     const bool may_release_memory = may_release();
     if (gc_enabled() && may_release_memory) garbage_collect_cached_blocks();
     bool fraction_refused = false;
@@ -1002,7 +1000,7 @@ class caching_allocator {
     const std::size_t reserved = limited_total();
     if (reserved <= threshold) return;
     const std::size_t target = reserved - threshold;
-    const std::uint64_t now = gc_calls_[1];
+    const std::uint64_t now = large_free_lookups_;
     std::vector<block_type*> freeable;
     for (auto& sp : stream_pools_) {
       sp->large.index.for_each([&](block_type* b) {
@@ -1074,12 +1072,13 @@ class caching_allocator {
       remaining->ptr += rounded;
       remaining->size -= rounded;
       index_insert(p, remaining);
-      if (vmm) {
-      } else if (already_split) {
-        counts_.decrease(p.is_small, counter::inactive_split_bytes, as_i64(rounded));
-      } else {
-        counts_.increase(p.is_small, counter::inactive_split_bytes, as_i64(remaining->size));
-        counts_.increase(p.is_small, counter::inactive_split, 1);
+      if (!vmm) {
+        if (already_split) {
+          counts_.decrease(p.is_small, counter::inactive_split_bytes, as_i64(rounded));
+        } else {
+          counts_.increase(p.is_small, counter::inactive_split_bytes, as_i64(remaining->size));
+          counts_.increase(p.is_small, counter::inactive_split, 1);
+        }
       }
     } else if (already_split && !vmm) {
       counts_.decrease(p.is_small, counter::inactive_split_bytes, as_i64(b->size));
@@ -2362,7 +2361,9 @@ class caching_allocator {
   detail::pool_counters counts_;  // the per-pool stat arrays
   device_stats stats_;            // the scalar stats (its arrays are filled from counts_)
   std::size_t reserved_total_ = 0;
-  std::uint64_t gc_calls_[2] = {0, 0};  // free-block lookups per pool kind (small, large)
+  // Free-block lookups in the large pools, the age clock of garbage collection. PyTorch counts
+  // the small pool's lookups too but never reads them: collection frees large blocks only.
+  std::uint64_t large_free_lookups_ = 0;
   bool fraction_set_ = false;
   double fraction_ = 1.0;
   std::size_t allowed_memory_maximum_ = 0;

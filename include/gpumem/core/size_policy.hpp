@@ -1,7 +1,7 @@
 // gpumem — the classic policy's size rules, exactly PyTorch's CUDACachingAllocator constants.
 //
 // round_size: what a request becomes before it is looked up (512 B granules, or power-of-two
-// divisions); allocation_size: how large a segment is obtained for a request that misses the
+// divisions); segment_size_for: how large a segment is obtained for a request that misses the
 // cache; should_split: whether the remainder of a larger cached block is kept as a free block.
 // stitch_size_class: the stitch policy's size classes, one pool per class.
 #pragma once
@@ -54,7 +54,7 @@ inline constexpr bool is_small_request(std::size_t rounded) noexcept {
 
 /// Size of the segment obtained from the device when a rounded request misses the cache.
 /// `large_segment_size` is PyTorch 2.11's large_segment_size_mb (20 MiB by default).
-inline constexpr std::size_t allocation_size(
+inline constexpr std::size_t segment_size_for(
     std::size_t rounded, std::size_t large_segment_size = k_large_buffer) noexcept {
   if (rounded <= k_small_size) return k_small_buffer;
   if (rounded < k_min_large_alloc) return large_segment_size;

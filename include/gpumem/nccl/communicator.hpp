@@ -52,11 +52,6 @@
 #include "gpumem/nccl/detail/store_rendezvous.hpp"
 #endif
 
-#if __has_include(<torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>) && defined(USE_C10D_NCCL)
-#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
-#define GPUMEM_NCCL_HAS_C10D 1
-#endif
-
 namespace gpumem::nccl {
 
 /// An NCCL call failed.
@@ -211,19 +206,13 @@ class nccl_communicator final : public train::communicator {
     return nccl_communicator(comm, true);
   }
 
-  /// Uses `comm` (not owned: the caller destroys it after this object).
+  /// Uses `comm` (not owned: the caller destroys it after this object). c10d's ProcessGroupNCCL
+  /// gives its communicator for the current device, once the group ran a collective there, as
+  /// `reinterpret_cast<ncclComm_t>(group.getCommPtr())`.
   static nccl_communicator from_comm(ncclComm_t comm) {
     if (comm == nullptr) throw std::invalid_argument("gpumem::nccl: null ncclComm_t");
     return nccl_communicator(comm, false);
   }
-
-#ifdef GPUMEM_NCCL_HAS_C10D
-  /// Uses the communicator of c10d's ProcessGroupNCCL for the current device (it exists once
-  /// the group ran a collective on that device; not owned).
-  static nccl_communicator from_process_group(c10d::ProcessGroupNCCL& group) {
-    return from_comm(reinterpret_cast<ncclComm_t>(group.getCommPtr()));
-  }
-#endif
 
   nccl_communicator(nccl_communicator&& o) noexcept : comm_(o.comm_), owned_(o.owned_) {
     o.comm_ = nullptr;
@@ -235,9 +224,7 @@ class nccl_communicator final : public train::communicator {
     if (owned_ && comm_ != nullptr) (void)ncclCommDestroy(comm_);
   }
 
-  ncclComm_t comm() const noexcept {
-    return comm_;
-  }
+  ncclComm_t comm() const noexcept { return comm_; }
 
   int rank() const override {
     int r = 0;

@@ -96,8 +96,6 @@ class trace_text_parser {
     return value;
   }
 
-  std::size_t line_start() const noexcept { return line_start_; }
-
  private:
   std::string_view text_;
   trace_format format_;

@@ -149,7 +149,6 @@ class pickle_value {
   bool is_int() const noexcept { return type() == kind::integer; }
   bool is_float() const noexcept { return type() == kind::floating; }
   bool is_str() const noexcept { return type() == kind::string; }
-  bool is_bytes() const noexcept { return type() == kind::bytes; }
   bool is_tuple() const noexcept { return type() == kind::tuple; }
   bool is_list() const noexcept { return type() == kind::list; }
   bool is_dict() const noexcept { return type() == kind::dict; }
