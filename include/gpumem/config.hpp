@@ -31,8 +31,8 @@
 
 namespace gpumem {
 
-/// How the caching allocator obtains and reuses device memory (see DESIGN.md, "The caching
-/// allocator"). `automatic` is resolved by allocator_config::effective_policy.
+/// How the caching allocator obtains and reuses device memory (docs/architecture.md, "Where each
+/// policy lives"). `automatic` is resolved by allocator_config::effective_policy.
 enum class allocator_policy { automatic, classic, expandable, stitch };
 
 /// The spelling used in configuration strings: "auto", "classic", "expandable", "stitch".

@@ -1,9 +1,7 @@
 // gpumem — caching_allocator<Device>: a caching device-memory allocator with PyTorch's semantics.
 //
-// Vocabulary (DESIGN.md): the *device* gives raw memory in *segments*; the allocator cuts them
-// into *blocks*; free blocks wait in a *pool* per (stream, small/large) until a request of the
-// same stream fits. *reserved* = bytes held from the device, *allocated* = bytes in blocks handed
-// out, *requested* = what callers asked for before rounding.
+// docs/architecture.md defines the words used here (segment, block, pool, range, page, shared
+// page, ...) and follows one allocation through this file, policy by policy.
 //
 // The classic policy reproduces PyTorch's native CUDACachingAllocator decision for decision
 // (rounding, pools, segment sizes, split rules, oversize rules, the retry order on device OOM,

@@ -4,7 +4,8 @@
 // memory. caching_allocator<Device> and pinned_pool<HostDevice> are written against this concept
 // only, so the same allocator code runs on a real GPU (cuda_device) and on the simulated device
 // (simulated_device) that tests and the replay tool use. No virtual functions: the device is a
-// template parameter so the hot path has no indirect call.
+// template parameter so the hot path has no indirect call. docs/architecture.md ("How to add a
+// device") says what a new device needs.
 //
 // clang-format off
 // The concept (checked by is_device_v<D>):

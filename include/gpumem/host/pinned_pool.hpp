@@ -2,9 +2,10 @@
 // semantics of PyTorch's CachingHostAllocator (ATen/core/CachingHostAllocator.h,
 // ATen/cuda/CachingHostAllocator.cpp), for the host side of the copies a training loop makes.
 //
-// Vocabulary (see DESIGN.md): a *block* is one pinned allocation obtained from the host device
-// (one cudaHostAlloc, or one malloc + cudaHostRegister) and handed out whole — blocks are never
-// split, so here a block is also a *segment*. A block is in one of three states:
+// Vocabulary (docs/architecture.md has the device allocator's; here it differs): a *block* is
+// one pinned allocation obtained from the host device (one cudaHostAlloc, or one malloc +
+// cudaHostRegister) and handed out whole — blocks are never split, so here a block is also a
+// *segment*. A block is in one of three states:
 //   allocated — handed out by allocate(), not yet given back;
 //   pending   — given back, but an async copy recorded with record_event may still read it: it is
 //               reused only once every event recorded at deallocate() has completed;

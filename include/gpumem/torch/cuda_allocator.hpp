@@ -9,9 +9,10 @@
 //   gpumem::torch::install();                          // before the first CUDA tensor
 //   gpumem::torch::install("policy:stitch,max_split_size_mb:256");
 //
-// Vocabulary (DESIGN.md): one caching_allocator<cuda_vmm_device> per GPU serves PyTorch's default
-// pool; every private pool (MempoolId: a CUDA graph's, a torch.cuda.MemPool) gets its own
-// caching_allocator on that GPU, so its blocks are never handed to anyone else. Device
+// Structure (private pool: docs/architecture.md, "Vocabulary"): one
+// caching_allocator<cuda_vmm_device> per GPU serves PyTorch's default pool; every private pool
+// (MempoolId: a CUDA graph's, a torch.cuda.MemPool) gets its own caching_allocator on that GPU,
+// so its blocks are never handed to anyone else. Device
 // statistics add the pools up: current values and totals exactly, peaks as the sum of each
 // allocator's peak (an upper bound).
 //

@@ -1,9 +1,7 @@
 // gpumem — blocks and segments of the caching allocator, and the slab they live in.
 //
-// Vocabulary (see DESIGN.md): a *segment* is one range obtained from the device; a *block* is a
-// piece of a segment, either handed to the user (allocated), waiting for stream events before it
-// can be reused (pending), or free and indexed in its pool. Blocks of a segment form a doubly
-// linked list in address order (prev/next) that tiles the segment exactly.
+// Segment, block and their states (allocated, pending, free; mapped, shadowed) are defined in
+// docs/architecture.md, "Vocabulary".
 #pragma once
 
 #include <cstddef>
@@ -33,7 +31,7 @@ struct block {
   std::uint64_t priority = 0;       // treap priority, fixed while indexed
   std::uint64_t gc_count_base = 0;  // pool's free-block-lookup counter when the block became free
   std::uint64_t freed_at = 0;       // stitch: allocations made when it last became free (LRU)
-  pool<Stream>* owner = nullptr;    // the (stream, small/large) pool the block belongs to
+  pool<Stream>* owner = nullptr;    // its pool: a stream's small, large or stitch class pool
   segment<Stream>* seg = nullptr;
   std::vector<Stream> stream_uses;  // streams recorded with record_stream (rarely non-empty)
   std::uint32_t event_count = 0;    // outstanding events before the block may be reused
