@@ -26,43 +26,8 @@
 //  * cuMemAddressFree of a range that still has mappings: unmap first (the simulated device
 //    enforces it; the driver does not promise to).
 //
-// Limits of VMM memory (memory from cuMemCreate mapped with cuMemMap) that users must know:
-//  * No legacy CUDA IPC. cudaIpcGetMemHandle / cuIpcGetMemHandle take only the base of a cudaMalloc
-//    / cuMemAlloc allocation; they do not work on VMM memory. Sharing VMM memory with another
-//    process needs a handle type requested when the memory is created
-//    (CUmemAllocationProp::requestedHandleTypes: CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, or
-//    CU_MEM_HANDLE_TYPE_FABRIC with IMEX channels), cuMemExportToShareableHandle, passing the file
-//    descriptor to the other process (a Unix socket, or pidfd_getfd),
-//    cuMemImportFromShareableHandle there, then cuMemMap + cuMemSetAccess there too.
-//    cuda_vmm_device requests POSIX file descriptors by default, as PyTorch's expandable segments
-//    do (shareable_handle: fabric on request, none to opt out), and exports and imports them
-//    (export_handle / import_handle); caching_allocator::share_block exports the pages under one
-//    block and gpumem/device/shared_block.hpp opens them in the receiving process.
-//  * What that means for PyTorch users: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True puts
-//    tensors in exactly this kind of memory. Sharing such tensors between processes
-//    (torch.multiprocessing queues, torch.multiprocessing.reductions.reduce_tensor as used for
-//    weight sync in RL / inference engines) was not possible at first — the pitfall PyTorch named
-//    for not turning expandable segments on by default (pytorch/pytorch#130330). PyTorch then
-//    added IPC for expandable segments by requesting POSIX file descriptors and fetching them in
-//    the receiver with pidfd_getfd (pytorch/pytorch#130890), which needs ptrace permission over the
-//    producer and fails in many containers ("pidfd_getfd: Operation not permitted",
-//    pytorch/pytorch#165685). Transports that probe for CUDA IPC may also silently fall back to
-//    slow copies for VMM memory (ai-dynamo/nixl#1754). Libraries that insist on legacy CUDA IPC
-//    (cudaIpcGetMemHandle) need cudaMalloc segments (cuda_device, the classic policy) for the
-//    memory they share.
-//  * Other devices see the memory only after cuMemSetAccess grants them access (peer access enabled
-//    with cudaDeviceEnablePeerAccess does not apply); set_access grants this device only,
-//    grant_access any device (caching_allocator::add_peer_access grants its peers every page).
-//  * GPUDirect RDMA to this memory needs CUmemAllocationProp::allocFlags.gpuDirectRDMACapable (on
-//    devices with CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED); it is not
-//    requested here.
-//  * Sizes, offsets and addresses are multiples of granularity() (2 MiB on current GPUs).
-//  * cuMemUnmap and cuMemSetAccess are documented as synchronous for most uses, and unmapping or
-//    releasing memory that queued GPU work still reads is a fault, not a deferred free: the caller
-//    must first wait for every stream that used the range (events), as PyTorch synchronises before
-//    unmapping.
-//  * cudaFree must not be called on a mapped VMM address; cudaMemGetInfo counts created physical
-//    memory as used whether or not it is mapped.
+// What VMM memory means for its users (CUDA IPC, sharing with other processes, peer access,
+// GPUDirect RDMA, waiting before unmap): docs/vmm_memory.md.
 //
 // Thread safety: every member function may be called concurrently from any thread. The CUDA
 // runtime and driver are thread-safe; the entry points are resolved once under a function-local
