@@ -698,6 +698,24 @@ inline pickle_value pytorch_snapshot_dict(pickle_value::sequence segs,
   });
 }
 
+/// Stream ids are opaque: a handle above INT64_MAX is stored as the int64 of the same bits.
+inline pickle_value snapshot_stream_value(std::uint64_t id) {
+  return pickle_value(static_cast<std::int64_t>(id));
+}
+
+/// One trace event as a snapshot's trace entry (no frames: a replay has no stack).
+inline pickle_value snapshot_event_value(const trace_event& ev) {
+  pickle_value::dict_items e{
+      {"action", pickle_value(to_string(ev.kind))},
+      {"addr", snapshot_int_value(ev.address, "event address")},
+      {"size", snapshot_int_value(ev.size, "event size")},
+      {"stream", snapshot_stream_value(ev.stream)},
+  };
+  if (ev.time_us != no_time) e.emplace_back("time_us", pickle_value(ev.time_us));
+  e.emplace_back("frames", pickle_value::make_list());
+  return pickle_value::make_dict(std::move(e));
+}
+
 /// The snapshot written by write_pytorch_snapshot, as a value.
 template <class Stream>
 pickle_value pytorch_snapshot_value(const std::vector<segment_snapshot<Stream>>& segments,
@@ -708,13 +726,7 @@ pickle_value pytorch_snapshot_value(const std::vector<segment_snapshot<Stream>>&
   if (history.initial_events > history.events.size()) {
     throw std::invalid_argument("write_pytorch_snapshot: initial_events exceeds the event count");
   }
-  using dict = pickle_value::dict_items;
-  using seq = pickle_value::sequence;
-  // Stream ids are opaque: a handle above INT64_MAX is stored as the int64 of the same bits.
-  const auto stream_value = [](std::uint64_t id) {
-    return pickle_value(static_cast<std::int64_t>(id));
-  };
-  seq events;
+  pickle_value::sequence events;
   events.reserve(history.events.size() - history.initial_events);
   for (std::size_t i = history.initial_events; i < history.events.size(); ++i) {
     const trace_event& ev = history.events[i];
@@ -722,15 +734,7 @@ pickle_value pytorch_snapshot_value(const std::vector<segment_snapshot<Stream>>&
     if (ev.kind == trace_event_kind::record_stream || ev.kind == trace_event_kind::empty_cache) {
       continue;
     }
-    dict e{
-        {"action", pickle_value(to_string(ev.kind))},
-        {"addr", snapshot_int_value(ev.address, "event address")},
-        {"size", snapshot_int_value(ev.size, "event size")},
-        {"stream", stream_value(ev.stream)},
-    };
-    if (ev.time_us != no_time) e.emplace_back("time_us", pickle_value(ev.time_us));
-    e.emplace_back("frames", pickle_value::make_list());
-    events.push_back(pickle_value::make_dict(std::move(e)));
+    events.push_back(snapshot_event_value(ev));
   }
   return pytorch_snapshot_dict(pytorch_snapshot_segments(segments, device), std::move(events),
                                history.recorded_config, device);
@@ -878,9 +882,6 @@ inline pickle_value pytorch_snapshot_value(const allocation_trace& trace, int de
   // free, as the reader makes it) goes back to an oom event, with the device's free memory then.
   using dict = pickle_value::dict_items;
   using seq = pickle_value::sequence;
-  const auto stream_value = [](std::uint64_t id) {
-    return pickle_value(static_cast<std::int64_t>(id));
-  };
   seq events;
   events.reserve(trace.events.size() - trace.initial_events);
   std::uint64_t reserved = st.initial_reserved;
@@ -898,7 +899,7 @@ inline pickle_value pytorch_snapshot_value(const allocation_trace& trace, int de
                        snapshot_int_value(*trace.device_memory - reserved, "device_free"));
       }
       e.emplace_back("size", snapshot_int_value(ev.size, "event size"));
-      e.emplace_back("stream", stream_value(ev.stream));
+      e.emplace_back("stream", snapshot_stream_value(ev.stream));
       if (ev.time_us != no_time) e.emplace_back("time_us", pickle_value(ev.time_us));
       e.emplace_back("frames", pickle_value::make_list());
       events.push_back(pickle_value::make_dict(std::move(e)));
@@ -911,15 +912,7 @@ inline pickle_value pytorch_snapshot_value(const allocation_trace& trace, int de
     if (ev.kind == trace_event_kind::record_stream || ev.kind == trace_event_kind::empty_cache) {
       continue;
     }
-    dict e{
-        {"action", pickle_value(to_string(ev.kind))},
-        {"addr", snapshot_int_value(ev.address, "event address")},
-        {"size", snapshot_int_value(ev.size, "event size")},
-        {"stream", stream_value(ev.stream)},
-    };
-    if (ev.time_us != no_time) e.emplace_back("time_us", pickle_value(ev.time_us));
-    e.emplace_back("frames", pickle_value::make_list());
-    events.push_back(pickle_value::make_dict(std::move(e)));
+    events.push_back(snapshot_event_value(ev));
   }
   return pytorch_snapshot_dict(pytorch_snapshot_segments(segments, device), std::move(events),
                                trace.recorded_config, device);
