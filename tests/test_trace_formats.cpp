@@ -543,9 +543,8 @@ TEST(TraceIo, ReadsEveryFormatFromAStream) {
 }
 
 TEST(NativeFormat, EveryBundledTraceReadsAndRoundTrips) {
-  const std::filesystem::path dir =
-      std::filesystem::path(__FILE__).parent_path().parent_path() / "examples" / "traces";
-  if (!std::filesystem::is_directory(dir)) GTEST_SKIP() << dir << " is not there";
+  const std::filesystem::path dir = GPUMEM_EXAMPLE_TRACES;
+  ASSERT_TRUE(std::filesystem::is_directory(dir)) << dir << " is not there";
   std::size_t files = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     if (entry.path().extension() != ".trace") continue;
