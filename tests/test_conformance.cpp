@@ -30,7 +30,7 @@
 #include "cudasim_support.hpp"
 #include "gpumem/device/cuda_device.hpp"
 #include "gpumem/device/cuda_vmm_device.hpp"
-#include "gpumem/host/host_device.hpp"
+#include "gpumem/host/cuda_host_device.hpp"
 #include "gpumem/host/pinned_pool.hpp"
 #endif
 

@@ -15,7 +15,11 @@
 #include <type_traits>
 #include <vector>
 
+#include "gpumem/device/fault_injection.hpp"
+#include "gpumem/device/simulated_device.hpp"
+#include "gpumem/host/cuda_host_device.hpp"
 #include "gpumem/host/host_device.hpp"
+#include "gpumem/host/simulated_host_device.hpp"
 
 // Every member of the pool instantiated for the CUDA runtime: compiled and linked everywhere.
 template class gpumem::pinned_pool<gpumem::cuda_host_device>;

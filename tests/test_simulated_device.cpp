@@ -15,6 +15,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "gpumem/device/fault_injection.hpp"
+
 namespace {
 
 using gpumem::call_counters;

@@ -16,8 +16,9 @@
 #include <gtest/gtest.h>
 
 #include "gpumem/core/detail/spin_mutex.hpp"
-#include "gpumem/host/host_device.hpp"
+#include "gpumem/device/simulated_device.hpp"
 #include "gpumem/host/pinned_pool.hpp"
+#include "gpumem/host/simulated_host_device.hpp"
 #include "support/sim.hpp"
 
 namespace {

@@ -8,6 +8,7 @@
 #include "gpumem/device/simulated_device.hpp"
 #include "gpumem/error.hpp"
 #include "gpumem/host/pinned_pool.hpp"
+#include "gpumem/host/simulated_host_device.hpp"
 #include "gpumem/report/memory_summary.hpp"
 #include "gpumem/report/oom_report.hpp"
 #include "gpumem/stats.hpp"

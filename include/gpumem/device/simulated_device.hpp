@@ -45,6 +45,7 @@
 #include "gpumem/detail/size_units.hpp"
 #include "gpumem/device/detail/free_ranges.hpp"
 #include "gpumem/device/device.hpp"
+#include "gpumem/device/fault_injection.hpp"
 #include "gpumem/error.hpp"
 
 namespace gpumem {
@@ -56,84 +57,6 @@ enum class event_completion : std::uint8_t {
               ///< it (synchronize_event), or synchronises the device (synchronize, deallocate)
   timed,      ///< once now() >= record time + event_delay_seconds (or as for manual)
 };
-
-/// Faults the simulated device injects into its *fallible* calls — allocate, create_physical,
-/// reserve_address and map; no other call ever fails by injection. An injected failure looks like
-/// running out of memory: allocate returns nullptr, create_physical returns the invalid handle,
-/// reserve_address and map throw cuda_error with simulated_device::error_out_of_memory and a
-/// message that says the fault was injected. A call fails when any enabled rule says so.
-struct fault_injection {
-  /// Fail the N-th fallible call (1-based) counted since construction or the last set_faults();
-  /// only that one call. 0 = off. Calls rejected as misuse are not counted.
-  std::size_t fail_nth_call = 0;
-  /// Fail every fallible call whose size argument is above this many bytes. 0 = off.
-  std::size_t fail_above_bytes = 0;
-  /// Fail each fallible call with this probability, drawn from a generator seeded with `seed`
-  /// (one draw per fallible call, so a seed always fails the same calls of the same sequence).
-  double fail_probability = 0.0;
-  std::uint64_t seed = 0;
-
-  /// True when any rule is on. Never throws.
-  bool enabled() const noexcept {
-    return fail_nth_call != 0 || fail_above_bytes != 0 || fail_probability > 0.0;
-  }
-};
-
-namespace detail {
-
-/// The fault-injection rules in action, shared by the simulated device and the simulated host
-/// device: counts fallible calls and decides which fail. Not thread-safe: its owner's lock guards
-/// it.
-class fault_injector {
- public:
-  /// Throws std::invalid_argument (naming `who`) for a probability outside [0, 1].
-  fault_injector(const fault_injection& rules, const char* who) { set(rules, who); }
-
-  /// Replaces the rules, restarts the count of fallible calls and reseeds the generator. Throws
-  /// std::invalid_argument for a probability outside [0, 1] (rules unchanged).
-  void set(const fault_injection& rules, const char* who) {
-    if (!(rules.fail_probability >= 0.0 && rules.fail_probability <= 1.0)) {
-      throw std::invalid_argument(
-          fmt::format("{}: fail_probability {} is outside [0, 1]", who, rules.fail_probability));
-    }
-    rules_ = rules;
-    fallible_calls_ = 0;
-    rng_state_ = rules.seed;
-  }
-
-  /// Counts one fallible call of `bytes` and decides whether it fails.
-  bool should_fail(std::size_t bytes) noexcept {
-    ++fallible_calls_;
-    bool fault = false;
-    if (rules_.fail_probability > 0.0) fault = next_random() < rules_.fail_probability;
-    if (rules_.fail_nth_call != 0 && fallible_calls_ == rules_.fail_nth_call) fault = true;
-    if (rules_.fail_above_bytes != 0 && bytes > rules_.fail_above_bytes) fault = true;
-    if (fault) ++injected_;
-    return fault;
-  }
-
-  const fault_injection& rules() const noexcept { return rules_; }
-  std::size_t fallible_calls() const noexcept { return fallible_calls_; }
-  std::size_t injected() const noexcept { return injected_; }
-  void reset_injected() noexcept { injected_ = 0; }
-
- private:
-  // splitmix64: one draw per fallible call, the same sequence on every platform for a seed.
-  double next_random() noexcept {
-    std::uint64_t z = (rng_state_ += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    z ^= z >> 31;
-    return static_cast<double>(z >> 11) * (1.0 / 9007199254740992.0);  // [0, 1)
-  }
-
-  fault_injection rules_;
-  std::size_t fallible_calls_ = 0;
-  std::size_t injected_ = 0;
-  std::uint64_t rng_state_ = 0;
-};
-
-}  // namespace detail
 
 /// Everything a simulated device is made from.
 struct simulated_device_options {

@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "gpumem/detail/size_units.hpp"
+#include "gpumem/device/fault_injection.hpp"
 #include "gpumem/device/simulated_device.hpp"
 
 namespace gpumem::cudasim {
