@@ -54,7 +54,8 @@ for version in "${versions[@]}"; do
   grep -q "operator<=>" "$dir/torch/include/c10/util/intrusive_ptr.h" && std=c++20
   flags=(-std=$std -fsyntax-only -Wall -Wextra -Wpedantic -Wshadow -Wconversion
     -Wno-sign-conversion -Werror -DFMT_HEADER_ONLY=1 -D_GLIBCXX_USE_CXX11_ABI=1
-    -DPYTORCH_C10_DRIVER_API_SUPPORTED -Iinclude -Itools/cudasim/include -Itools/torch_plugin
+    -DPYTORCH_C10_DRIVER_API_SUPPORTED "-DGPUMEM_TORCH_BUILD_VERSION=\"$version\""
+    -Iinclude -Itools/cudasim/include -Itools/torch_plugin
     -isystem "$cuda_include" -isystem "$dir/torch/include")
   ok=1
   for source in tests/torch/test_cuda_allocator.cpp tools/torch_plugin/gpumem_torch_plugin.cpp; do
