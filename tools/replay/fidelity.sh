@@ -41,21 +41,13 @@ trap 'rm -f "$json"' EXIT
 for f in "${files[@]}"; do
   "$replay" "$f" --allocator pytorch --device-memory "$device" --json --progress never >>"$json"
 done
-python3 - "$json" "$device" "$check" <<'PY'
+PYTHONPATH="$(cd "$(dirname "$0")" && pwd)" python3 - "$json" "$device" "$check" <<'PY'
 import json, os, sys
 
 path, device, check = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
-text = open(path).read()
-runs = []
-dec = json.JSONDecoder()
-i = 0
-while i < len(text):
-    while i < len(text) and text[i].isspace():
-        i += 1
-    if i >= len(text):
-        break
-    obj, i = dec.raw_decode(text, i)
-    runs.extend(obj)
+from replay_json import read_runs
+
+runs = read_runs(path)
 
 def mib(b):
     return "-" if b is None else f"{b / 2**20:,.1f} MiB"
