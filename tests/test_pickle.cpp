@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "gpumem/error.hpp"
+#include "support/timing.hpp"
 
 namespace {
 
@@ -367,23 +368,7 @@ TEST(Unpickle, NestingIsBounded) {
   expect_error(p4 + std::string(1000000, '\x28') + b({0x4e, 0x2e}), "unclosed MARK");
 }
 
-// The best processor times of `small` and of `large`, in seconds, over `runs` runs of each taken
-// in turn: processor time, and the best, so that other work on a loaded machine adds little; in
-// turn, so that both see the same load.
-template <class F, class G>
-std::pair<double, double> best_seconds(int runs, F&& small, G&& large) {
-  const auto seconds = [](auto&& f) {
-    const std::clock_t t0 = std::clock();
-    f();
-    return static_cast<double>(std::clock() - t0) / CLOCKS_PER_SEC;
-  };
-  std::pair<double, double> best{1e30, 1e30};
-  for (int i = 0; i < runs; ++i) {
-    best.first = std::min(best.first, seconds(small));
-    best.second = std::min(best.second, seconds(large));
-  }
-  return best;
-}
+using gpumem_test::best_seconds;
 
 TEST(Unpickle, LongListsReadInLinearTime) {
   // Reading 4x the items may take about 4x the time, not 16x: reserving the exact size at each

@@ -29,6 +29,7 @@
 #include "gpumem/trace/native_format.hpp"
 #include "gpumem/trace/replay.hpp"
 #include "support/sim.hpp"
+#include "support/timing.hpp"
 
 namespace {
 
@@ -1254,23 +1255,7 @@ TEST(Malformed, NegativeTimeIsRefused) {
             1u);
 }
 
-// The best processor times of `small` and of `large`, in seconds, over `runs` runs of each taken
-// in turn: processor time, and the best, so that other work on a loaded machine adds little; in
-// turn, so that both see the same load.
-template <class F, class G>
-std::pair<double, double> best_seconds(int runs, F&& small, G&& large) {
-  const auto seconds = [](auto&& f) {
-    const std::clock_t t0 = std::clock();
-    f();
-    return static_cast<double>(std::clock() - t0) / CLOCKS_PER_SEC;
-  };
-  std::pair<double, double> best{1e30, 1e30};
-  for (int i = 0; i < runs; ++i) {
-    best.first = std::min(best.first, seconds(small));
-    best.second = std::min(best.second, seconds(large));
-  }
-  return best;
-}
+using gpumem_test::best_seconds;
 
 TEST(Scale, ReadingTimeGrowsWithTheEvents) {
   // n and 4n recorded events (alloc, free_requested, free_completed over 1000 addresses): 4x the
