@@ -737,16 +737,22 @@ TEST(Rebuild, SegmentEventsMarkersAndSettings) {
   EXPECT_EQ(t.recorded_initial_reserved, std::optional<std::uint64_t>(5 * mib2));
 }
 
+// PyTorch's oom trace entry: the device's free memory, the failed request's size, stream, time.
+pickle_value oom_event(std::uint64_t device_free, std::uint64_t size, std::int64_t stream,
+                       std::int64_t time_us) {
+  return pickle_value::make_dict(dict{{"action", "oom"},
+                                      {"device_free", device_free},
+                                      {"size", size},
+                                      {"stream", stream},
+                                      {"time_us", time_us},
+                                      {"frames", pickle_value::make_list()}});
+}
+
 // PyTorch's oom event (device_free instead of addr): the request that failed is replayed where it
 // failed, and the device is what the allocator could have had: its reserved memory then (after
 // the segment its out-of-memory path freed) plus the device's free memory.
 TEST(Rebuild, OomIsTheFailedRequestAndGivesTheDevice) {
-  pickle_value oom = pickle_value::make_dict(dict{{"action", "oom"},
-                                                  {"device_free", 3 * mib2},
-                                                  {"size", 5 * mib2},
-                                                  {"stream", 4},
-                                                  {"time_us", 77},
-                                                  {"frames", pickle_value::make_list()}});
+  const pickle_value oom = oom_event(3 * mib2, 5 * mib2, 4, 77);
   const allocation_trace t = read_value(snapshot(
       {segment(seg_addr, 2 * mib2, {block(seg_addr, 2 * mib2, 2 * mib2, "active_allocated")})},
       {event("segment_alloc", seg_addr + 8 * mib2, mib2), event("alloc", seg_addr, 2 * mib2),
@@ -770,12 +776,7 @@ std::string trace_bytes(const allocation_trace& t) {
 // write_pytorch_snapshot(out, trace): the state before the first event (blocks live and pending,
 // reserved bytes) and the out-of-memory come back as they were read.
 TEST(RoundTrip, InitialStatePendingFreesAndOomWriteBack) {
-  pickle_value oom = pickle_value::make_dict(dict{{"action", "oom"},
-                                                  {"device_free", 3 * mib2},
-                                                  {"size", 5 * mib2},
-                                                  {"stream", 4},
-                                                  {"time_us", 77},
-                                                  {"frames", pickle_value::make_list()}});
+  const pickle_value oom = oom_event(3 * mib2, 5 * mib2, 4, 77);
   const allocation_trace t = read_value(snapshot(
       {segment(seg_addr, 2 * mib2,
                {block(seg_addr, 1024, 1000, "active_allocated"),
