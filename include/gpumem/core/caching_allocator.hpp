@@ -18,7 +18,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <exception>
 #include <functional>
 #include <limits>
@@ -43,6 +42,7 @@
 #include "gpumem/core/detail/stitch_policy.hpp"
 #include "gpumem/core/detail/vmm_pages.hpp"
 #include "gpumem/core/size_policy.hpp"
+#include "gpumem/device/detail/stream_event_queue.hpp"
 #include "gpumem/device/device.hpp"
 #include "gpumem/device/shared_block.hpp"
 #include "gpumem/error.hpp"
@@ -262,10 +262,7 @@ class caching_allocator {
     std::lock_guard<detail::spin_mutex> lock(mutex_);
     if (ledger_) ledger_->bytes.fetch_sub(reserved_total_);
     try {
-      for (auto& [stream, queue] : pending_events_) {
-        for (auto& pe : queue) device_.destroy_event(pe.event);
-      }
-      for (const auto& [device, e] : free_events_) device_.destroy_event(e);
+      events_.destroy_all(/*wait=*/false);
       // cudaFree waits for the device; cuMemUnmap does not (see release_vmm_cache).
       if (vmm_policy() && segments_ != nullptr) device_.synchronize();
       for (segment_type* s = segments_; s != nullptr; s = s->next) {
@@ -303,7 +300,7 @@ class caching_allocator {
     observer_error_ = nullptr;
     // PyTorch's malloc: no event query while a capture may be under way (an event recorded in a
     // capture cannot be queried); what was freed meanwhile waits for the capture's end.
-    if (captures_underway_ == 0 && (!pending_events_.empty() || !deferred_.empty())) {
+    if (captures_underway_ == 0 && (!events_.empty() || !deferred_.empty())) {
       process_events();
     }
     if (size > detail::k_max_request) {
@@ -726,12 +723,6 @@ class caching_allocator {
   using segment_type = detail::segment<stream_type>;
   using pool_type = detail::pool<stream_type>;
   using pools_type = detail::stream_pools<stream_type>;
-
-  struct pending_event {
-    event_type event;
-    block_type* block;
-    int device;  // the event's device (its stream's)
-  };
 
   static std::int64_t as_i64(std::size_t v) noexcept { return static_cast<std::int64_t>(v); }
 
@@ -1927,33 +1918,6 @@ class caching_allocator {
 
   // --- stream events -----------------------------------------------------------------------------
 
-  // The device an event for `stream` must be created on: the stream's (record_stream may name a
-  // stream of another GPU, as PyTorch allows), or the allocator's on a one-GPU device.
-  int event_device(stream_type stream) const {
-    if constexpr (detail::has_stream_device_v<Device>) {
-      return device_.stream_device(stream);
-    } else {
-      (void)stream;
-      return device_.index();
-    }
-  }
-
-  event_type take_event(stream_type stream, int device) {
-    for (std::size_t i = free_events_.size(); i-- > 0;) {
-      if (free_events_[i].first == device) {
-        const event_type e = free_events_[i].second;
-        free_events_.erase(free_events_.begin() + static_cast<std::ptrdiff_t>(i));
-        return e;
-      }
-    }
-    if constexpr (detail::has_stream_device_v<Device>) {
-      return device_.create_event_for(stream);
-    } else {
-      (void)stream;
-      return device_.create_event();
-    }
-  }
-
   // PyTorch's insert_events: one event per stream the block was used on, created on that stream's
   // device. A stream whose event cannot be recorded (a device failure) is waited for instead of
   // being lost: the whole device is synchronised, then the error is rethrown once the block is
@@ -1964,16 +1928,8 @@ class caching_allocator {
     std::exception_ptr failure;
     for (stream_type s : streams) {
       try {
-        const int device = event_device(s);
-        event_type e = take_event(s, device);
-        try {
-          device_.record_event(e, s);
-        } catch (...) {
-          free_events_.emplace_back(device, e);
-          throw;
-        }
+        events_.record(s, b);
         ++b->event_count;
-        queue_for(s).push_back(pending_event{e, b, device});
       } catch (...) {
         if (!failure) failure = std::current_exception();
       }
@@ -1988,14 +1944,6 @@ class caching_allocator {
     }
   }
 
-  std::deque<pending_event>& queue_for(stream_type s) {
-    for (auto& [stream, queue] : pending_events_) {
-      if (stream == s) return queue;
-    }
-    pending_events_.emplace_back(s, std::deque<pending_event>{});
-    return pending_events_.back().second;
-  }
-
   // PyTorch's insert_events_deferred_until_no_capture: the blocks freed during captures get their
   // events now (the streams' work recorded since includes everything they were used for).
   void insert_deferred_events() {
@@ -2008,33 +1956,17 @@ class caching_allocator {
   // capture (the callers check).
   void process_events() {
     if (!deferred_.empty()) insert_deferred_events();
-    for (auto it = pending_events_.begin(); it != pending_events_.end();) {
-      auto& queue = it->second;
-      while (!queue.empty()) {
-        pending_event& pe = queue.front();
-        if (!device_.query_event(pe.event)) break;
-        retire_event(pe);
-        queue.pop_front();
-      }
-      it = queue.empty() ? pending_events_.erase(it) : it + 1;
-    }
+    events_.retire_completed([this](block_type* b) { retire_event(b); });
   }
 
   void synchronize_and_free_events() {
     ++stats_.num_sync_all_streams;
     if (!deferred_.empty()) insert_deferred_events();
-    for (auto& [stream, queue] : pending_events_) {
-      for (pending_event& pe : queue) {
-        device_.synchronize_event(pe.event);
-        retire_event(pe);
-      }
-    }
-    pending_events_.clear();
+    events_.retire_all([this](block_type* b) { retire_event(b); });
   }
 
-  void retire_event(pending_event& pe) {
-    free_events_.emplace_back(pe.device, pe.event);
-    if (--pe.block->event_count == 0) free_block(pe.block);
+  void retire_event(block_type* b) {
+    if (--b->event_count == 0) free_block(b);
   }
 
   // --- out of memory -----------------------------------------------------------------------------
@@ -2348,8 +2280,7 @@ class caching_allocator {
   detail::object_pool<segment_type> segment_pool_;
   segment_type* segments_ = nullptr;
   segment_type* segments_tail_ = nullptr;
-  std::vector<std::pair<stream_type, std::deque<pending_event>>> pending_events_;
-  std::vector<std::pair<int, event_type>> free_events_;  // (device, event), for reuse
+  detail::stream_event_queue<Device, block_type*> events_{device_, device_.index()};
   std::vector<block_type*> deferred_;   // freed during a capture with record_stream uses
   std::vector<block_type*> set_aside_;  // get_free_block's blocks to put back (stitch, capture)
   int captures_underway_ = 0;           // begin_capture minus end_capture

@@ -49,7 +49,6 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <iterator>
 #include <map>
 #include <memory>
@@ -65,6 +64,7 @@
 #include "gpumem/config.hpp"
 #include "gpumem/detail/bits.hpp"
 #include "gpumem/detail/format.hpp"
+#include "gpumem/device/detail/stream_event_queue.hpp"
 #include "gpumem/error.hpp"
 #include "gpumem/host/detail/page_memory.hpp"
 #include "gpumem/host/host_device.hpp"
@@ -154,24 +154,7 @@ class pinned_pool {
   /// reports whatever could not be returned.
   ~pinned_pool() {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& [stream, queue] : pending_) {
-      for (const pending_event& pe : queue) {
-        try {
-          device_.synchronize_event(pe.event);
-        } catch (...) {
-        }
-        try {
-          device_.destroy_event(pe.event);
-        } catch (...) {
-        }
-      }
-    }
-    for (const auto& [device, e] : free_events_) {
-      try {
-        device_.destroy_event(e);
-      } catch (...) {
-      }
-    }
+    events_.destroy_all(/*wait=*/true);
     for (auto& [address, b] : blocks_) {
       try {
         release_memory(*b);
@@ -417,12 +400,6 @@ class pinned_pool {
     std::int64_t alloc_microseconds = 0;
   };
 
-  struct pending_event {
-    event_type event;
-    block* owner;
-    int device;  // the event's device: its stream's
-  };
-
   static constexpr std::size_t num_size_classes = sizeof(std::size_t) * 8;
 
   static std::uintptr_t address_of(const void* p) noexcept {
@@ -546,119 +523,32 @@ class pinned_pool {
         "gpumem pinned pool: {}({}): not memory allocated by this pinned pool", call, ptr));
   }
 
-  // The device an event recorded on `s` must belong to: the stream's (pinned memory is typically
-  // copied to several GPUs), or the host device's GPU when it cannot tell.
-  int event_device(stream_type s) const {
-    if constexpr (detail::has_stream_device_v<HostDevice>) {
-      return device_.stream_device(s);
-    } else {
-      (void)s;
-      return 0;
-    }
-  }
-
-  event_type take_event(stream_type s, int device) {
-    for (std::size_t i = free_events_.size(); i-- > 0;) {
-      if (free_events_[i].first == device) {
-        const event_type e = free_events_[i].second;
-        free_events_.erase(free_events_.begin() + static_cast<std::ptrdiff_t>(i));
-        return e;
-      }
-    }
-    if constexpr (detail::has_stream_device_v<HostDevice>) {
-      return device_.create_event_for(s);
-    } else {
-      (void)s;
-      return device_.create_event();
-    }
-  }
-
-  void give_back_event(int device, event_type e) noexcept {
-    try {
-      free_events_.emplace_back(device, e);
-    } catch (...) {
-      try {
-        device_.destroy_event(e);
-      } catch (...) {
-      }
-    }
-  }
-
-  // The index in pending_ of the queue of stream `s`, appended when there is none. Indices stay
-  // valid while queues are only appended (drop_empty_queues renumbers them).
-  std::size_t queue_index(stream_type s) {
-    for (std::size_t i = 0; i < pending_.size(); ++i) {
-      if (pending_[i].first == s) return i;
-    }
-    pending_.emplace_back(s, std::deque<pending_event>{});
-    return pending_.size() - 1;
-  }
-
-  // Records one event per recorded stream and makes the block pending. All or nothing: on any
-  // failure the events are taken back and the block stays allocated with its streams.
+  // Records one event per recorded stream (each on its stream's device: pinned memory is
+  // typically copied to several GPUs) and makes the block pending. All or nothing: on a failure
+  // the events are taken back and the block stays allocated with its streams.
   void insert_events(block& b) {
-    struct made_event {
-      std::size_t queue;
-      event_type event;
-      int device;
-    };
-    std::vector<made_event> made;
-    made.reserve(b.streams.size());
-    std::size_t queued = 0;
+    std::size_t recorded = 0;
     try {
       for (stream_type s : b.streams) {
-        const std::size_t queue = queue_index(s);
-        const int device = event_device(s);
-        const event_type e = take_event(s, device);
-        try {
-          device_.record_event(e, s);
-        } catch (...) {
-          give_back_event(device, e);
-          throw;
-        }
-        made.push_back(made_event{queue, e, device});
-      }
-      for (const made_event& m : made) {
-        pending_[m.queue].second.push_back(pending_event{m.event, &b, m.device});
-        ++queued;
+        events_.record(s, &b);
+        ++recorded;
       }
     } catch (...) {
-      // Each stream appears once in b.streams, so each queue got at most one event, at its back.
-      for (std::size_t i = 0; i < queued; ++i) pending_[made[i].queue].second.pop_back();
-      for (const made_event& m : made) give_back_event(m.device, m.event);
-      drop_empty_queues();
+      // Each stream appears once in b.streams, so its newest event is this block's.
+      for (std::size_t i = 0; i < recorded; ++i) events_.unrecord_newest(b.streams[i]);
       throw;
     }
-    b.event_count = made.size();
+    b.event_count = recorded;
     b.streams.clear();
     b.state = block_state::pending;
   }
 
-  void drop_empty_queues() noexcept {
-    pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
-                                  [](const auto& entry) { return entry.second.empty(); }),
-                   pending_.end());
-  }
-
-  // Per stream, retires completed events in recording order (work on one stream completes in
-  // order, so the first incomplete event ends that stream's scan). A block whose last event
-  // completes is cached. Throws cuda_error from query_event with the pool consistent.
+  // Retires completed events; a block whose last event completes is cached. Throws cuda_error
+  // from query_event with the pool consistent.
   void process_events() {
-    try {
-      for (auto& [stream, queue] : pending_) {
-        while (!queue.empty()) {
-          const pending_event pe = queue.front();
-          if (!device_.query_event(pe.event)) break;
-          queue.pop_front();
-          give_back_event(pe.device, pe.event);
-          if (--pe.owner->event_count == 0) make_cached(*pe.owner);
-        }
-      }
-    } catch (...) {
-      drop_empty_queues();
-      throw;
-    }
-    drop_empty_queues();
+    events_.retire_completed([this](block* b) noexcept {
+      if (--b->event_count == 0) make_cached(*b);
+    });
   }
 
   std::size_t count_blocks_locked(block_state state) const noexcept {
@@ -801,7 +691,7 @@ class pinned_pool {
         ++pending_count;
       }
     }
-    for (const auto& entry : pending_) events += entry.second.size();
+    events = events_.size();
     constexpr std::size_t label_width = 21;
     constexpr std::size_t value_width = width - label_width - 5;
     const auto add = [&](std::string_view label, std::string_view value) {
@@ -848,10 +738,7 @@ class pinned_pool {
       }
     }
     std::map<const block*, std::size_t> queued;
-    for (const auto& [stream, queue] : pending_) {
-      if (queue.empty()) fail("an empty event queue is kept");
-      for (const pending_event& pe : queue) ++queued[pe.owner];
-    }
+    events_.for_each_owner([&queued](const block* b) { ++queued[b]; });
     for (const auto& [address, b] : blocks_) {
       if (address != address_of(b->ptr)) fail("a block is filed under another address");
       if (!detail::is_power_of_two(b->size)) fail("a block size is not a power of two");
@@ -911,8 +798,7 @@ class pinned_pool {
   mutable std::mutex mutex_;
   std::map<std::uintptr_t, std::unique_ptr<block>> blocks_;  // every block, by address
   std::array<block*, num_size_classes> free_lists_{};        // cached blocks, LIFO per size
-  std::vector<std::pair<stream_type, std::deque<pending_event>>> pending_;
-  std::vector<std::pair<int, event_type>> free_events_;  // completed (device, event)s, reused
+  detail::stream_event_queue<HostDevice, block*> events_{device_, 0};
   host_stats stats_;
   std::int64_t num_alloc_retries_ = 0;
   std::int64_t num_ooms_ = 0;
