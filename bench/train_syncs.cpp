@@ -7,44 +7,17 @@
 //   LD_LIBRARY_PATH=build/cudasim build/bench/gpumem_train_syncs [LAYERS]
 //
 // Prints one markdown table row per configuration: loss scaler off/on, clipping off/on.
-#include <dlfcn.h>
 #include <torch/torch.h>
 
 #include <cstdio>
 #include <cstdlib>
-#include <string>
-#include <vector>
 
 #include "gpumem/train/accumulate.hpp"
-#include "gpumem_cudasim.h"
+#include "sim_training.hpp"
 
 namespace {
 
-unsigned long long host_syncs() {
-  auto get =
-      reinterpret_cast<gpumemSimGetCounters_t>(dlsym(RTLD_DEFAULT, GPUMEM_SIM_GET_COUNTERS_NAME));
-  gpumemSimCounters c{};
-  if (get == nullptr || get(&c, sizeof c) != 0) {
-    std::fprintf(stderr, "gpumem_train_syncs: not running on the CUDA simulator\n");
-    std::exit(1);
-  }
-  return c.stream_synchronize + c.calls.event_synchronize + c.calls.device_synchronize;
-}
-
-struct elementwise_impl : torch::nn::Module {
-  elementwise_impl(int64_t layers, int64_t width) {
-    for (int64_t i = 0; i < layers; ++i) {
-      weights.push_back(register_parameter("w" + std::to_string(i), torch::ones({width})));
-      biases.push_back(register_parameter("b" + std::to_string(i), torch::zeros({width})));
-    }
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    for (std::size_t i = 0; i < weights.size(); ++i) x = torch::tanh(x * weights[i] + biases[i]);
-    return x;
-  }
-  std::vector<torch::Tensor> weights, biases;
-};
-TORCH_MODULE_IMPL(elementwise, elementwise_impl);
+using gpumem_train_sim::elementwise;
 
 double syncs_per_step(int64_t layers, bool scaled, double clip) {
   const torch::Device cuda(torch::kCUDA, 0);
@@ -54,14 +27,12 @@ double syncs_per_step(int64_t layers, bool scaled, double clip) {
   gpumem::train::dynamic_loss_scaler scaler;
   gpumem::train::gradient_accumulator acc(opt, {2, clip}, nullptr, scaled ? &scaler : nullptr);
   const torch::Tensor x = torch::ones({8, 1024}, torch::TensorOptions().device(cuda));
-  auto step = [&] {
-    for (int i = 0; i < 2; ++i) acc.backward(model->forward(x).pow(2).mean());
-  };
-  step();  // warm-up
-  const int steps = 10;
-  const unsigned long long before = host_syncs();
-  for (int s = 0; s < steps; ++s) step();
-  return static_cast<double>(host_syncs() - before) / steps;
+  const double per_step = gpumem_train_sim::syncs_per_step(acc, model, x, 2, 10);
+  if (per_step < 0) {
+    std::fprintf(stderr, "gpumem_train_syncs: not running on the CUDA simulator\n");
+    std::exit(1);
+  }
+  return per_step;
 }
 
 }  // namespace

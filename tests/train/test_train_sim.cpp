@@ -14,7 +14,6 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <dlfcn.h>
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -26,7 +25,7 @@
 #include "gpumem/train/accumulate.hpp"
 #include "gpumem/train/autocast.hpp"
 #include "gpumem/train/checkpoint.hpp"
-#include "gpumem_cudasim.h"
+#include "sim_training.hpp"
 
 namespace {
 
@@ -36,17 +35,12 @@ using gpumem::train::checkpoint;
 using gpumem::train::dynamic_loss_scaler;
 using gpumem::train::gradient_accumulator;
 
-gpumemSimCounters sim() {
-  auto get =
-      reinterpret_cast<gpumemSimGetCounters_t>(dlsym(RTLD_DEFAULT, GPUMEM_SIM_GET_COUNTERS_NAME));
-  gpumemSimCounters c{};
-  if (get == nullptr || get(&c, sizeof c) != 0) ADD_FAILURE() << "not running on the simulator";
-  return c;
-}
+using gpumem_train_sim::host_syncs;
 
-// The calls that make the host wait for the device.
-unsigned long long host_syncs(const gpumemSimCounters& c) {
-  return c.stream_synchronize + c.calls.event_synchronize + c.calls.device_synchronize;
+gpumemSimCounters sim() {
+  gpumemSimCounters c{};
+  if (!gpumem_train_sim::read_counters(c)) ADD_FAILURE() << "not running on the simulator";
+  return c;
 }
 
 const torch::Device cuda(torch::kCUDA, 0);
@@ -122,32 +116,14 @@ TEST_F(OnSimulator, WithoutCheckpointBackwardRunsOutsideAutocast) {
 
 // --- Host synchronisations of a step with the loss scaler ------------------------------------
 
-// A model without matrix products (cuBLAS does not start on the simulator): elementwise layers.
-struct elementwise_impl : torch::nn::Module {
-  explicit elementwise_impl(int64_t layers, int64_t width) {
-    for (int64_t i = 0; i < layers; ++i) {
-      weights.push_back(register_parameter("w" + std::to_string(i), torch::ones({width})));
-      biases.push_back(register_parameter("b" + std::to_string(i), torch::zeros({width})));
-    }
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    for (std::size_t i = 0; i < weights.size(); ++i) x = torch::tanh(x * weights[i] + biases[i]);
-    return x;
-  }
-  std::vector<torch::Tensor> weights, biases;
-};
-TORCH_MODULE_IMPL(elementwise, elementwise_impl);
+using gpumem_train_sim::elementwise;
 
 // Host synchronisations per optimizer step, averaged over `steps` steps after a warm-up step.
 double syncs_per_step(gradient_accumulator& acc, elementwise& model, std::size_t k, int steps) {
   const torch::Tensor x = torch::ones({8, 256}, torch::TensorOptions().device(cuda));
-  auto one_step = [&] {
-    for (std::size_t i = 0; i < k; ++i) acc.backward(model->forward(x).pow(2).mean());
-  };
-  one_step();
-  const unsigned long long before = host_syncs(sim());
-  for (int s = 0; s < steps; ++s) one_step();
-  return static_cast<double>(host_syncs(sim()) - before) / steps;
+  const double per_step = gpumem_train_sim::syncs_per_step(acc, model, x, k, steps);
+  EXPECT_GE(per_step, 0.0) << "not running on the simulator";
+  return per_step;
 }
 
 TEST_F(OnSimulator, AStepWithTheLossScalerSynchronisesTheHostOnce) {
