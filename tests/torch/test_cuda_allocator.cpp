@@ -268,6 +268,39 @@ TEST_F(Installed, SnapshotSegmentsAndBlocksMatchGpumemsOwn) {
   c10_alloc::raw_delete(q);
 }
 
+TEST_F(Installed, SnapshotSegmentsAddUpToReservedWhenStitchMapsAPageTwice) {
+  // A 50 MiB block stitched from the pages of a freed 60 MiB one while a 20 MiB block keeps part
+  // of its range: under stitch those pages are mapped at two addresses and must be listed once.
+  // A 100 MiB limit makes stitch reuse the freed pages instead of mapping new ones (the classic
+  // policy would run out of memory there: the other policies run without a limit).
+  const bool stitch = a_->default_pool(0).policy() == gpumem::allocator_policy::stitch;
+  if (stitch) c10_alloc::setMemoryFraction(100.0 / (16 * 1024), 0);  // of the simulated 16 GiB
+  void* big = c10_alloc::raw_alloc(60 * MiB);
+  c10_alloc::raw_delete(big);
+  void* keep = c10_alloc::raw_alloc(20 * MiB);
+  void* stitched = c10_alloc::raw_alloc(50 * MiB);
+  if (stitch) {
+    std::size_t mapped = 0, counted = 0;
+    for (const auto& seg : a_->default_pool(0).snapshot()) {
+      mapped += seg.mapped_size;
+      counted += seg.reserved_size;
+    }
+    EXPECT_GT(mapped, counted) << "the workload no longer maps a page twice under stitch";
+  }
+  std::size_t listed = 0;
+  std::size_t allocated = 0;
+  for (const auto& seg : c10_alloc::snapshot().segments) {
+    listed += seg.total_size;
+    allocated += seg.allocated_size;
+  }
+  const c10::CachingDeviceAllocator::DeviceStats stats = c10_alloc::getDeviceStats(0);
+  EXPECT_EQ(listed, static_cast<std::size_t>(stats.reserved_bytes[all].current));
+  EXPECT_EQ(allocated, static_cast<std::size_t>(stats.allocated_bytes[all].current));
+  c10_alloc::raw_delete(keep);
+  c10_alloc::raw_delete(stitched);
+  c10_alloc::setMemoryFraction(1.0, 0);
+}
+
 TEST_F(Installed, HistoryRecordsPyTorchsTraceEntries) {
 #if GPUMEM_TORCH_AT_LEAST(2, 11)
   c10_alloc::recordHistory(true, nullptr, 100, c10_alloc::RecordContext::ALLOC, true, {});

@@ -161,6 +161,54 @@ struct segment_snapshot {
   std::vector<block_snapshot> blocks;  // in address order
 };
 
+/// One part of a segment that reserved memory counts, with the blocks in it (segment_parts).
+struct segment_part {
+  std::uintptr_t address = 0;
+  std::size_t size = 0;
+  std::vector<block_snapshot> blocks;  // in address order; free blocks cut at the part's edges
+};
+
+/// The parts of `s` that reserved memory counts — the whole segment when classic (or built by hand
+/// without reserved_ranges), else each of its reserved_ranges — with their blocks: what a PyTorch
+/// snapshot lists as segments, so that they add up to reserved memory even where stitch maps a
+/// page at two addresses. A live block lies inside one part in a consistent allocator; one that
+/// does not gets a part of its own (so that no allocation is lost) and, when `stray` is given, is
+/// stored there (the first such block).
+template <class Stream>
+std::vector<segment_part> segment_parts(const segment_snapshot<Stream>& s,
+                                        std::optional<block_snapshot>* stray = nullptr) {
+  std::vector<segment_part> parts;
+  if (!s.is_expandable && s.reserved_ranges.empty()) {
+    parts.push_back(segment_part{s.address, s.total_size, {}});
+  } else {
+    for (const auto& [address, size] : s.reserved_ranges) {
+      parts.push_back(segment_part{address, size, {}});
+    }
+  }
+  for (const block_snapshot& b : s.blocks) {
+    const std::uint64_t b_end = std::uint64_t{b.address} + b.size;
+    bool inside = false;
+    for (segment_part& part : parts) {
+      const std::uint64_t lo = std::max<std::uint64_t>(b.address, part.address);
+      const std::uint64_t hi =
+          std::min<std::uint64_t>(b_end, std::uint64_t{part.address} + part.size);
+      if (lo >= hi) continue;
+      const bool whole = lo == b.address && hi == b_end;
+      if (b.state != block_state::inactive && !whole) continue;  // a live block is never cut
+      block_snapshot piece = b;
+      piece.address = static_cast<std::uintptr_t>(lo);
+      piece.size = static_cast<std::size_t>(hi - lo);
+      part.blocks.push_back(piece);
+      inside = inside || whole;
+    }
+    if (!inside && b.state != block_state::inactive) {
+      parts.push_back(segment_part{b.address, b.size, {b}});  // lose no allocation
+      if (stray != nullptr && !*stray) *stray = b;
+    }
+  }
+  return parts;
+}
+
 /// A part of the device's memory that reserved memory counts (caching_allocator::reserved_ranges).
 template <class Stream>
 struct reserved_range {

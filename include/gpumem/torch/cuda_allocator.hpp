@@ -1119,46 +1119,41 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     return out;
   }
 
-  // One SegmentInfo per run of mapped blocks (a VMM range shows its mapped parts, as PyTorch shows
-  // expandable segments), with the blocks' states and allocation contexts.
+  // One SegmentInfo per part of memory reserved memory counts (segment_parts: a VMM range shows
+  // the pages it accounts for, as PyTorch shows expandable segments; a page stitch maps at two
+  // addresses is listed once), with the blocks' states and allocation contexts.
   void add_segments(c10_alloc::SnapshotInfo& out, c10::DeviceIndex device, mempool_id pool,
                     const device_allocator& a) {
     const bool vmm = a.policy() != allocator_policy::classic;
     const auto segments = a.snapshot();  // before trace_mutex_: the allocator's lock comes first
     std::lock_guard<std::mutex> lock(trace_mutex_);
     for (const auto& seg : segments) {
-      c10_alloc::SegmentInfo* info = nullptr;
-      for (const auto& b : seg.blocks) {
-        if (!b.mapped) {
-          info = nullptr;
-          continue;
+      for (const segment_part& part : segment_parts(seg)) {
+        c10_alloc::SegmentInfo& info = out.segments.emplace_back();
+        info.device = device;
+        info.address = part.address;
+        info.stream = seg.stream;
+        info.is_large = !seg.is_small;
+        info.is_expandable = vmm;
+        info.owner_private_pool_id = pool;
+        for (const block_snapshot& b : part.blocks) {
+          c10_alloc::BlockInfo block;
+          block.size = b.size;
+          block.requested_size = b.requested_size;
+          block.allocated = b.state == block_state::active_allocated;
+          block.active = b.state != block_state::inactive;
+          if (block.active) {
+            auto it = contexts_.find(reinterpret_cast<void*>(b.address));
+            if (it != contexts_.end()) block.context_when_allocated = it->second;
+          }
+          info.total_size += b.size;
+          if (block.allocated) info.allocated_size += b.size;
+          if (block.active) {
+            info.active_size += b.size;
+            info.requested_size += b.requested_size;
+          }
+          info.blocks.push_back(std::move(block));
         }
-        if (info == nullptr) {
-          out.segments.emplace_back();
-          info = &out.segments.back();
-          info->device = device;
-          info->address = b.address;
-          info->stream = seg.stream;
-          info->is_large = !seg.is_small;
-          info->is_expandable = vmm;
-          info->owner_private_pool_id = pool;
-        }
-        c10_alloc::BlockInfo block;
-        block.size = b.size;
-        block.requested_size = b.requested_size;
-        block.allocated = b.state == block_state::active_allocated;
-        block.active = b.state != block_state::inactive;
-        if (block.active) {
-          auto it = contexts_.find(reinterpret_cast<void*>(b.address));
-          if (it != contexts_.end()) block.context_when_allocated = it->second;
-        }
-        info->total_size += b.size;
-        if (block.allocated) info->allocated_size += b.size;
-        if (block.active) {
-          info->active_size += b.size;
-          info->requested_size += b.requested_size;
-        }
-        info->blocks.push_back(std::move(block));
       }
     }
   }

@@ -618,44 +618,31 @@ pickle_value::sequence pytorch_snapshot_segments(
   seq segs;
   segs.reserve(segments.size());
   for (const segment_snapshot<Stream>& s : segments) {
-    // A classic segment, or one built by hand without reserved_ranges: all of it.
-    std::vector<std::pair<std::uintptr_t, std::size_t>> whole;
-    if (!s.is_expandable && s.reserved_ranges.empty()) whole.emplace_back(s.address, s.total_size);
-    const auto& parts = whole.empty() ? s.reserved_ranges : whole;
     // A live block outside every part would not be written at all: the snapshot would lose it
     // (and a reader its alloc), so it is refused.
-    for (const block_snapshot& b : s.blocks) {
-      if (b.state == block_state::inactive) continue;
-      const bool inside = std::any_of(parts.begin(), parts.end(), [&b](const auto& part) {
-        return b.address >= part.first &&
-               std::uint64_t{b.address} + b.size <= std::uint64_t{part.first} + part.second;
-      });
-      if (!inside) {
-        throw std::invalid_argument(fmt::format(
-            "write_pytorch_snapshot: the {} block at 0x{:x} ({} bytes) is not inside {}",
-            snapshot_state_name(b.state), b.address, b.size,
-            whole.empty() ? "one reserved range of its segment" : "its segment"));
-      }
+    std::optional<block_snapshot> stray;
+    const std::vector<segment_part> parts = segment_parts(s, &stray);
+    if (stray) {
+      throw std::invalid_argument(
+          fmt::format("write_pytorch_snapshot: the {} block at 0x{:x} ({} bytes) is not inside {}",
+                      snapshot_state_name(stray->state), stray->address, stray->size,
+                      s.is_expandable ? "one reserved range of its segment" : "its segment"));
     }
-    for (const auto& [lo, part_size] : parts) {
-      const std::uint64_t hi = static_cast<std::uint64_t>(lo) + part_size;
+    for (const segment_part& part : parts) {
       seq blocks;
       std::uint64_t allocated = 0;
       std::uint64_t active = 0;
       std::uint64_t requested = 0;
-      for (const block_snapshot& b : s.blocks) {
-        const std::uint64_t b_lo = std::max<std::uint64_t>(b.address, lo);
-        const std::uint64_t b_hi = std::min<std::uint64_t>(std::uint64_t{b.address} + b.size, hi);
-        if (b_lo >= b_hi) continue;
-        const bool live = b.state != block_state::inactive;  // inside this part (checked above)
+      for (const block_snapshot& b : part.blocks) {
+        const bool live = b.state != block_state::inactive;
         if (b.state == block_state::active_allocated) allocated += b.size;
         if (live) {
           active += b.size;
           requested += b.requested_size;
         }
         blocks.push_back(pickle_value::make_dict(dict{
-            {"address", snapshot_int_value(b_lo, "block address")},
-            {"size", snapshot_int_value(b_hi - b_lo, "block size")},
+            {"address", snapshot_int_value(b.address, "block address")},
+            {"size", snapshot_int_value(b.size, "block size")},
             {"requested_size",
              snapshot_int_value(live ? b.requested_size : 0, "block requested_size")},
             {"state", pickle_value(snapshot_state_name(b.state))},
@@ -664,8 +651,8 @@ pickle_value::sequence pytorch_snapshot_segments(
       }
       segs.push_back(pickle_value::make_dict(dict{
           {"device", pickle_value(device)},
-          {"address", snapshot_int_value(lo, "segment address")},
-          {"total_size", snapshot_int_value(part_size, "segment total_size")},
+          {"address", snapshot_int_value(part.address, "segment address")},
+          {"total_size", snapshot_int_value(part.size, "segment total_size")},
           {"allocated_size", snapshot_int_value(allocated, "segment allocated_size")},
           {"active_size", snapshot_int_value(active, "segment active_size")},
           {"requested_size", snapshot_int_value(requested, "segment requested_size")},
