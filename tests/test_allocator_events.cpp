@@ -1,6 +1,9 @@
 // caching_allocator's event observer (what the LibTorch adapter turns into PyTorch's trace entries
 // and allocator trace trackers), try_deallocate, owns and base_allocation.
+#include <algorithm>
 #include <cstdint>
+#include <initializer_list>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -107,6 +110,87 @@ TEST(AllocatorEvents, VmmPoliciesReportMapsAndUnmapsOfWholePages) {
     }
     EXPECT_GE(mapped, 6 * MiB);
     EXPECT_EQ(mapped, unmapped);  // empty_cache gives every page back
+  }
+}
+
+// The 2 MiB pages a list of segment events leaves counted, replayed from `events` of the views
+// in `views` (the VMM policies map whole 2 MiB pages).
+std::set<std::uintptr_t> counted_pages(const std::vector<event>& events,
+                                       std::initializer_list<gpumem::segment_view> views) {
+  std::set<std::uintptr_t> pages;
+  for (const event& e : events) {
+    if (std::find(views.begin(), views.end(), e.view) == views.end()) continue;
+    const bool add =
+        e.action == allocator_action::segment_map || e.action == allocator_action::segment_alloc;
+    const bool remove =
+        e.action == allocator_action::segment_unmap || e.action == allocator_action::segment_free;
+    if (!add && !remove) continue;
+    EXPECT_EQ(e.address % (2 * MiB), 0u);
+    EXPECT_EQ(e.size % (2 * MiB), 0u);
+    for (std::uintptr_t a = e.address; a < e.address + e.size; a += 2 * MiB) {
+      if (add) {
+        EXPECT_TRUE(pages.insert(a).second) << "page 0x" << std::hex << a << " counted twice";
+      } else {
+        EXPECT_EQ(pages.erase(a), 1u) << "page 0x" << std::hex << a << " was not counted";
+      }
+    }
+  }
+  return pages;
+}
+
+std::set<std::uintptr_t> reserved_pages(const allocator& a) {
+  std::set<std::uintptr_t> pages;
+  for (const auto& r : a.reserved_ranges()) {
+    for (std::uintptr_t p = r.address; p < r.address + r.size; p += 2 * MiB) pages.insert(p);
+  }
+  return pages;
+}
+
+TEST(AllocatorEvents, StitchReportsWhatReservedMemoryCountsApartFromItsMappings) {
+  // A 50 MiB block stitched from the pages of a freed 60 MiB one while a 20 MiB block keeps part
+  // of its range, on a 100 MiB device: those pages are mapped at two addresses.
+  simulated_device dev{device_options(100 * MiB)};
+  allocator a(dev, config("policy:stitch"));
+  event_log log;
+  log.attach(a);
+  a.set_reserved_events(true);
+  using V = gpumem::segment_view;
+  const auto check = [&](const char* after) {
+    EXPECT_EQ(counted_pages(log.events, {V::both, V::reserved}), reserved_pages(a)) << after;
+  };
+  a.deallocate(a.allocate(60 * MiB));
+  check("60 MiB allocated and freed");
+  void* keep = a.allocate(20 * MiB);
+  check("20 MiB allocated");
+  void* stitched = a.allocate(50 * MiB);
+  check("50 MiB stitched");
+  std::size_t mapped = 0;
+  for (const auto& seg : a.snapshot()) mapped += seg.mapped_size;
+  EXPECT_GT(mapped, a.usage().reserved) << "the workload no longer maps a page twice";
+  // The device's view is every mapping: more addresses than reserved memory counts.
+  EXPECT_GT(counted_pages(log.events, {V::device}).size(), reserved_pages(a).size());
+  a.deallocate(keep);
+  check("20 MiB freed");
+  a.deallocate(stitched);
+  check("50 MiB freed");
+  a.empty_cache();
+  check("empty_cache");
+  EXPECT_TRUE(reserved_pages(a).empty());
+}
+
+TEST(AllocatorEvents, OtherPoliciesReportEverySegmentEventForBothViews) {
+  for (const char* policy : {"policy:classic", "policy:expandable"}) {
+    simulated_device dev{device_options(100 * MiB)};
+    allocator a(dev, config(policy));
+    event_log log;
+    log.attach(a);
+    a.set_reserved_events(true);
+    a.deallocate(a.allocate(60 * MiB));
+    void* keep = a.allocate(20 * MiB);
+    a.empty_cache();
+    for (const event& e : log.events) EXPECT_EQ(e.view, gpumem::segment_view::both) << policy;
+    EXPECT_FALSE(log.events.empty());
+    a.deallocate(keep);
   }
 }
 

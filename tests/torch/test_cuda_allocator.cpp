@@ -268,13 +268,30 @@ TEST_F(Installed, SnapshotSegmentsAndBlocksMatchGpumemsOwn) {
   c10_alloc::raw_delete(q);
 }
 
-TEST_F(Installed, SnapshotSegmentsAddUpToReservedWhenStitchMapsAPageTwice) {
+void record_history(bool on) {
+#if GPUMEM_TORCH_AT_LEAST(2, 11)
+  c10_alloc::recordHistory(on, nullptr, on ? 1000 : 0,
+                           on ? c10_alloc::RecordContext::ALLOC : c10_alloc::RecordContext::NEVER,
+                           true, {});
+#else
+  c10_alloc::recordHistory(on, nullptr, on ? 1000 : 0,
+                           on ? c10_alloc::RecordContext::ALLOC : c10_alloc::RecordContext::NEVER,
+                           true);
+#endif
+}
+
+TEST_F(Installed, SnapshotsAndHistoryCountAPageStitchMapsTwiceOnce) {
   // A 50 MiB block stitched from the pages of a freed 60 MiB one while a 20 MiB block keeps part
   // of its range: under stitch those pages are mapped at two addresses and must be listed once.
   // A 100 MiB limit makes stitch reuse the freed pages instead of mapping new ones (the classic
   // policy would run out of memory there: the other policies run without a limit).
   const bool stitch = a_->default_pool(0).policy() == gpumem::allocator_policy::stitch;
   if (stitch) c10_alloc::setMemoryFraction(100.0 / (16 * 1024), 0);  // of the simulated 16 GiB
+  const auto reserved_now = [] {
+    return static_cast<std::int64_t>(c10_alloc::getDeviceStats(0).reserved_bytes[all].current);
+  };
+  const std::int64_t reserved_before = reserved_now();
+  record_history(true);
   void* big = c10_alloc::raw_alloc(60 * MiB);
   c10_alloc::raw_delete(big);
   void* keep = c10_alloc::raw_alloc(20 * MiB);
@@ -296,8 +313,21 @@ TEST_F(Installed, SnapshotSegmentsAddUpToReservedWhenStitchMapsAPageTwice) {
   const c10::CachingDeviceAllocator::DeviceStats stats = c10_alloc::getDeviceStats(0);
   EXPECT_EQ(listed, static_cast<std::size_t>(stats.reserved_bytes[all].current));
   EXPECT_EQ(allocated, static_cast<std::size_t>(stats.allocated_bytes[all].current));
+  // The history's segment entries follow reserved memory too (memory_viz rebuilds it from them),
+  // at every entry.
   c10_alloc::raw_delete(keep);
   c10_alloc::raw_delete(stitched);
+  c10_alloc::emptyCache();
+  std::int64_t net = 0;
+  const c10_alloc::SnapshotInfo history = c10_alloc::snapshot();
+  for (const auto& e : history.device_traces[0]) {
+    const auto size = static_cast<std::int64_t>(e.size_);
+    if (e.action_ == Action::SEGMENT_ALLOC || e.action_ == Action::SEGMENT_MAP) net += size;
+    if (e.action_ == Action::SEGMENT_FREE || e.action_ == Action::SEGMENT_UNMAP) net -= size;
+    EXPECT_LE(reserved_before + net, stitch ? 100 * std::int64_t{MiB} : std::int64_t{16} << 30);
+  }
+  EXPECT_EQ(reserved_before + net, reserved_now());
+  record_history(false);
   c10_alloc::setMemoryFraction(1.0, 0);
 }
 

@@ -239,6 +239,15 @@ enum class allocator_action {
   oom              ///< an out_of_memory about to be thrown (address: device free bytes)
 };
 
+/// Which view of memory a segment event (segment_alloc / free / map / unmap) speaks for. The two
+/// differ only under stitch, which may map a physical page at two addresses: the device sees two
+/// mappings, reserved memory counts the page once, at the address that uses it.
+enum class segment_view : std::uint8_t {
+  both,      ///< a device call, and the same change in what reserved memory counts
+  device,    ///< a device call only (caching_allocator::set_reserved_events on, under stitch)
+  reserved,  ///< a change in what reserved memory counts only (the same, under stitch)
+};
+
 /// The action's name in PyTorch's trace entries ("alloc", "segment_map", ...).
 constexpr std::string_view to_string(allocator_action a) noexcept {
   switch (a) {
@@ -269,7 +278,62 @@ struct allocator_event {
   std::uintptr_t address = 0;
   std::size_t size = 0;
   Stream stream{};
+  segment_view view = segment_view::both;  ///< for the segment actions
 };
+
+namespace detail {
+
+/// What changed between two reserved_ranges() lists, as segment events given to
+/// emit(action, address, size, stream): the memory given back first, then the memory obtained. A
+/// classic segment (is_expandable false) comes or goes whole (segment_alloc / segment_free); the
+/// parts of VMM ranges are compared as address intervals (segment_map / segment_unmap of what
+/// differs).
+template <class Stream, class Emit>
+void diff_reserved_ranges(const std::vector<reserved_range<Stream>>& before,
+                          const std::vector<reserved_range<Stream>>& after, Emit&& emit) {
+  using range = reserved_range<Stream>;
+  auto by_address = [](const range* a, const range* b) { return a->address < b->address; };
+  std::vector<const range*> a;
+  std::vector<const range*> b;
+  for (const range& r : before) a.push_back(&r);
+  for (const range& r : after) b.push_back(&r);
+  std::sort(a.begin(), a.end(), by_address);
+  std::sort(b.begin(), b.end(), by_address);
+  // The parts of each range of `from` that no range of `other` covers (VMM), or the ranges that
+  // `other` does not have exactly (classic).
+  auto missing = [&emit](const std::vector<const range*>& from,
+                         const std::vector<const range*>& other, allocator_action whole,
+                         allocator_action part) {
+    std::size_t j = 0;
+    for (const range* r : from) {
+      while (j < other.size() && other[j]->address + other[j]->size <= r->address) ++j;
+      if (!r->is_expandable) {
+        bool same = false;
+        for (std::size_t k = j; k < other.size() && other[k]->address <= r->address; ++k) {
+          if (other[k]->address == r->address && other[k]->size == r->size &&
+              !other[k]->is_expandable) {
+            same = true;
+          }
+        }
+        if (!same) emit(whole, r->address, r->size, r->stream);
+        continue;
+      }
+      std::uintptr_t at = r->address;
+      const std::uintptr_t end = r->address + r->size;
+      for (std::size_t k = j; k < other.size() && other[k]->address < end && at < end; ++k) {
+        const range* o = other[k];
+        if (o->address + o->size <= at) continue;
+        if (o->address > at) emit(part, at, o->address - at, r->stream);
+        at = std::max(at, o->address + o->size);
+      }
+      if (at < end) emit(part, at, end - at, r->stream);
+    }
+  };
+  missing(a, b, allocator_action::segment_free, allocator_action::segment_unmap);
+  missing(b, a, allocator_action::segment_alloc, allocator_action::segment_map);
+}
+
+}  // namespace detail
 
 /// A caching allocator over `Device` (see device/device.hpp for the device concept).
 ///
@@ -361,10 +425,12 @@ class caching_allocator {
     if (b == nullptr) b = allocate_new_block(p, size, rounded);
     void* ptr = alloc_found_block(b, *b->owner, rounded, size);  // stitch may borrow another's
     if (observer_) {
+      report_reserved_changes();
       notify(allocator_action::alloc, reinterpret_cast<std::uintptr_t>(ptr), size, stream);
       if (observer_error_) {
         // Undone: the caller gets the observer's exception and no pointer.
         release_allocated(allocated_.erase(reinterpret_cast<std::uintptr_t>(ptr)));
+        report_reserved_changes();
         rethrow_observer_error();
       }
     }
@@ -395,6 +461,7 @@ class caching_allocator {
     block_type* b = allocated_.erase(reinterpret_cast<std::uintptr_t>(ptr));
     if (b == nullptr) return false;
     release_allocated(b);
+    report_reserved_changes();
     rethrow_observer_error();  // the block was freed all the same
     return true;
   }
@@ -432,6 +499,7 @@ class caching_allocator {
     observer_error_ = nullptr;
     release_cached_blocks();
     forget_freed_classes();
+    report_reserved_changes();
     rethrow_observer_error();
   }
 
@@ -668,14 +736,21 @@ class caching_allocator {
   /// usage().reserved. O(segments + VMM pages): for exports that follow memory event by event.
   std::vector<reserved_range<stream_type>> reserved_ranges() const {
     std::lock_guard<detail::spin_mutex> lock(mutex_);
-    std::vector<reserved_range<stream_type>> out;
-    for (const segment_type* s = segments_; s != nullptr; s = s->next) {
-      for_each_reserved_run(*s, [&](std::uintptr_t address, std::size_t size) {
-        out.push_back(reserved_range<stream_type>{address, size, s->owner->stream,
-                                                  s->owner->is_small, s->page_size != 0});
-      });
-    }
-    return out;
+    return reserved_ranges_locked();
+  }
+
+  /// Also reports, to the event observer, every change in what reserved memory counts
+  /// (reserved_ranges) as segment events of view segment_view::reserved, and marks the segment
+  /// events of device calls segment_view::device — under stitch, where the two differ (a page
+  /// mapped at two addresses counts once); other policies keep reporting segment_view::both. For
+  /// a history that rebuilds reserved memory event by event (PyTorch's snapshots, memory_viz)
+  /// while another listener registers the device's mappings (NCCL). Costs O(segments + pages)
+  /// per operation while on. Starts from the memory counted now (no event for it).
+  void set_reserved_events(bool on) {
+    std::lock_guard<detail::spin_mutex> lock(mutex_);
+    reserved_events_ = on && policy_ == allocator_policy::stitch;
+    reserved_reported_.clear();
+    if (reserved_events_) reserved_reported_ = reserved_ranges_locked();
   }
 
   /// The segment holding live allocation `ptr`: its base address and size (PyTorch's
@@ -776,13 +851,36 @@ class caching_allocator {
 
   // An observer that throws must not leave the allocator half-changed: the first exception is
   // kept, the operation goes on to a consistent state, and the public member rethrows it.
-  void notify(allocator_action action, std::uintptr_t address, std::size_t size,
-              stream_type stream) const {
+  void notify(allocator_action action, std::uintptr_t address, std::size_t size, stream_type stream,
+              segment_view view = segment_view::both) const {
+    if (view == segment_view::both && reserved_events_ && is_segment_action(action)) {
+      view = segment_view::device;  // the reserved view comes from report_reserved_changes
+    }
     try {
-      observer_(allocator_event<stream_type>{action, address, size, stream});
+      observer_(allocator_event<stream_type>{action, address, size, stream, view});
     } catch (...) {
       if (!observer_error_) observer_error_ = std::current_exception();
     }
+  }
+
+  static bool is_segment_action(allocator_action a) noexcept {
+    return a == allocator_action::segment_alloc || a == allocator_action::segment_free ||
+           a == allocator_action::segment_map || a == allocator_action::segment_unmap;
+  }
+
+  // Under set_reserved_events: what reserved memory counts now and did not at the last report
+  // (and the reverse), as segment events of view `reserved`. Under the lock, at the end of every
+  // operation that may have changed it (stitch moves the count of a shared page from one address
+  // to another without any device call). O(segments + pages).
+  void report_reserved_changes() {
+    if (!reserved_events_ || !observer_) return;
+    std::vector<reserved_range<stream_type>> now = reserved_ranges_locked();
+    detail::diff_reserved_ranges(
+        reserved_reported_, now,
+        [this](allocator_action a, std::uintptr_t address, std::size_t size, stream_type stream) {
+          notify(a, address, size, stream, segment_view::reserved);
+        });
+    reserved_reported_ = std::move(now);
   }
 
   void rethrow_observer_error() {
@@ -1585,6 +1683,17 @@ class caching_allocator {
 
   // --- stitch's shared pages
 
+  std::vector<reserved_range<stream_type>> reserved_ranges_locked() const {
+    std::vector<reserved_range<stream_type>> out;
+    for (const segment_type* s = segments_; s != nullptr; s = s->next) {
+      for_each_reserved_run(*s, [&](std::uintptr_t address, std::size_t size) {
+        out.push_back(reserved_range<stream_type>{address, size, s->owner->stream,
+                                                  s->owner->is_small, s->page_size != 0});
+      });
+    }
+    return out;
+  }
+
   // Calls f(address, size) for each run of segment s that reserved memory counts: all of a classic
   // segment, the runs of counted pages of a VMM one (reserved_in's pages).
   template <class F>
@@ -2059,7 +2168,10 @@ class caching_allocator {
     f.fraction_was_limit = fraction_refused;
     f.max_split_size = config_.max_split_size;
     f.policy = std::string(to_string(policy_));
-    if (observer_) notify(allocator_action::oom, free_bytes, size, p.stream);
+    if (observer_) {
+      report_reserved_changes();  // the out-of-memory retry may have released memory
+      notify(allocator_action::oom, free_bytes, size, p.stream);
+    }
     observer_error_ = nullptr;  // the out-of-memory error is the one the caller must see
     throw out_of_memory(oom_message(f), n);
   }
@@ -2355,7 +2467,9 @@ class caching_allocator {
   std::vector<detail::page_id> shared_scratch_;  // acquire_pages' list of free pages to share
   detail::stitch_policy stitch_;                 // stitch's thresholds and what it has seen
   event_observer observer_;                      // set_event_observer; empty: nobody listens
-  mutable std::exception_ptr observer_error_;    // the first exception an observer threw (notify)
+  bool reserved_events_ = false;                 // set_reserved_events, under stitch
+  std::vector<reserved_range<stream_type>> reserved_reported_;  // report_reserved_changes
+  mutable std::exception_ptr observer_error_;  // the first exception an observer threw (notify)
 };
 
 }  // namespace gpumem

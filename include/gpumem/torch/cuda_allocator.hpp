@@ -713,6 +713,7 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     const auto device = static_cast<c10::DeviceIndex>(s.device.index());
     a->set_event_observer(
         [this, device, id](const allocator_event<cudaStream_t>& e) { on_event(device, id, e); });
+    if (history_enabled_.load(std::memory_order_acquire)) a->set_reserved_events(true);
     return a;
   }
 
@@ -1038,6 +1039,19 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   void record_history(bool enabled, c10_alloc::CreateContextFn context_recorder,
                       std::size_t max_entries, c10_alloc::RecordContext when, bool clear_history,
                       const std::vector<std::string>& skip_actions) {
+    set_history_options(enabled, context_recorder, max_entries, when, clear_history, skip_actions);
+    // After trace_mutex_ is released: an allocator's lock comes before it.
+    for (const auto& state : devices_) {
+      if (!state->main) continue;
+      state->main->set_reserved_events(enabled);
+      std::lock_guard<std::mutex> lock(state->pools_mutex);
+      for (auto& p : state->pools) p->allocator->set_reserved_events(enabled);
+    }
+  }
+
+  void set_history_options(bool enabled, c10_alloc::CreateContextFn context_recorder,
+                           std::size_t max_entries, c10_alloc::RecordContext when,
+                           bool clear_history, const std::vector<std::string>& skip_actions) {
     std::lock_guard<std::mutex> lock(trace_mutex_);
     context_recorder_ = enabled ? context_recorder : nullptr;
     record_context_ = enabled ? when : c10_alloc::RecordContext::NEVER;
@@ -1056,7 +1070,10 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   }
 
   // Called by every allocator with its lock held: builds PyTorch's trace entry, hands it to the
-  // trackers, keeps it in the history.
+  // trackers, keeps it in the history. While history is recorded, stitch reports its segment
+  // events twice (set_reserved_events): the device's mappings go to the trackers (NCCL registers
+  // every mapped address), what reserved memory counts to the history (a page mapped at two
+  // addresses counts once, so memory_viz rebuilds memory_reserved() event by event).
   void on_event(c10::DeviceIndex device, mempool_id pool, const allocator_event<cudaStream_t>& e) {
     if (!trace_wanted_.load(std::memory_order_acquire)) return;
     std::lock_guard<std::mutex> lock(trace_mutex_);
@@ -1070,7 +1087,10 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
         static_cast<std::time_t>(std::chrono::duration_cast<std::chrono::microseconds>(
                                      std::chrono::system_clock::now().time_since_epoch())
                                      .count());
-    for (const auto& tracker : trackers_) tracker(entry);
+    if (e.view != segment_view::reserved) {
+      for (const auto& tracker : trackers_) tracker(entry);
+    }
+    if (e.view == segment_view::device) return;
     if (!history_enabled_.load(std::memory_order_relaxed)) return;
     if ((skip_ >> static_cast<int>(e.action)) & 1u) return;
     if (history_.size() <= static_cast<std::size_t>(device)) history_.resize(device + 1);

@@ -253,52 +253,16 @@ struct replay_result {
 
 namespace detail {
 
-/// What changed between two reserved_ranges() lists, as snapshot events appended to `out`: the
-/// memory given back first, then the memory obtained. A classic segment (is_expandable false)
-/// comes or goes whole (segment_alloc / segment_free); the parts of VMM ranges are compared as
-/// address intervals (segment_map / segment_unmap of what differs).
+/// What changed between two reserved_ranges() lists (diff_reserved_ranges), as snapshot events
+/// appended to `out`.
 inline void append_reserved_changes(const std::vector<reserved_range<simulated_stream>>& before,
                                     const std::vector<reserved_range<simulated_stream>>& after,
                                     std::int64_t time_us, std::vector<snapshot_trace_entry>& out) {
-  using range = reserved_range<simulated_stream>;
-  auto by_address = [](const range* a, const range* b) { return a->address < b->address; };
-  std::vector<const range*> a;
-  std::vector<const range*> b;
-  for (const range& r : before) a.push_back(&r);
-  for (const range& r : after) b.push_back(&r);
-  std::sort(a.begin(), a.end(), by_address);
-  std::sort(b.begin(), b.end(), by_address);
-  // The parts of each range of `from` that no range of `other` covers (VMM), or the ranges that
-  // `other` does not have exactly (classic).
-  auto missing = [&](const std::vector<const range*>& from, const std::vector<const range*>& other,
-                     allocator_action whole, allocator_action part) {
-    std::size_t j = 0;
-    for (const range* r : from) {
-      while (j < other.size() && other[j]->address + other[j]->size <= r->address) ++j;
-      if (!r->is_expandable) {
-        bool same = false;
-        for (std::size_t k = j; k < other.size() && other[k]->address <= r->address; ++k) {
-          if (other[k]->address == r->address && other[k]->size == r->size &&
-              !other[k]->is_expandable) {
-            same = true;
-          }
-        }
-        if (!same) out.push_back({whole, r->address, r->size, r->stream.id, time_us});
-        continue;
-      }
-      std::uintptr_t at = r->address;
-      const std::uintptr_t end = r->address + r->size;
-      for (std::size_t k = j; k < other.size() && other[k]->address < end && at < end; ++k) {
-        const range* o = other[k];
-        if (o->address + o->size <= at) continue;
-        if (o->address > at) out.push_back({part, at, o->address - at, r->stream.id, time_us});
-        at = std::max(at, o->address + o->size);
-      }
-      if (at < end) out.push_back({part, at, end - at, r->stream.id, time_us});
-    }
-  };
-  missing(a, b, allocator_action::segment_free, allocator_action::segment_unmap);
-  missing(b, a, allocator_action::segment_alloc, allocator_action::segment_map);
+  diff_reserved_ranges(
+      before, after,
+      [&](allocator_action a, std::uintptr_t address, std::size_t size, simulated_stream stream) {
+        out.push_back({a, address, size, stream.id, time_us});
+      });
 }
 
 /// Appends what op `o` did to `history`, with the address the allocator under test handed out.
