@@ -158,6 +158,32 @@ class PluginTest(unittest.TestCase):
             print(path)
         """)
 
+    def test_stitch_snapshots_draw_memory_reserved_in_memory_viz(self):
+        # A 50 MiB tensor stitched from the pages of a freed 60 MiB one while a 20 MiB tensor keeps
+        # part of its range (a 100 MiB cap): those pages are mapped at two addresses. The snapshot's
+        # segments and memory_viz's rebuild from the history must count them once.
+        checker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "replay_cli")
+        self.check(f"""
+            sys.path.insert(0, {checker!r})
+            import memory_viz_check
+            torch.cuda.set_per_process_memory_fraction(100 / (16 * 1024))  # of the 16 GiB
+            torch.cuda.memory._record_memory_history(max_entries=1000)
+            big = torch.empty(60 * MiB, dtype=torch.uint8, device="cuda")
+            del big
+            keep = torch.empty(20 * MiB, dtype=torch.uint8, device="cuda")
+            stitched = torch.empty(50 * MiB, dtype=torch.uint8, device="cuda")
+            snap = torch.cuda.memory._snapshot()
+            listed = sum(s["total_size"] for s in snap["segments"])
+            assert listed == torch.cuda.memory_reserved(), (listed, torch.cuda.memory_reserved())
+            result = memory_viz_check.check(snap)
+            assert not result["errors"], result["errors"]
+            assert max(result["reserved"]) <= 100 * MiB, result["reserved"]
+            assert result["reserved"][-1] == torch.cuda.memory_reserved(), result["reserved"]
+            mapped = [e for e in snap["device_traces"][0] if e["action"] == "segment_map"]
+            assert mapped, snap["device_traces"][0]
+            torch.cuda.memory._record_memory_history(enabled=None)
+        """, env={"GPUMEM_ALLOC_CONF": "policy:stitch"})
+
     def test_pluggable_allocator_route(self):
         self.check(f"""
             alloc = torch.cuda.memory.CUDAPluggableAllocator({PLUGIN!r}, "gpumem_malloc", "gpumem_free")
