@@ -371,6 +371,62 @@ TEST_F(Installed, HistoryRecordsPyTorchsTraceEntries) {
   EXPECT_FALSE(c10_alloc::isHistoryEnabled());
 }
 
+#if GPUMEM_TORCH_AT_LEAST(2, 11)
+TEST_F(Installed, HistoryCarriesCompileContextUserMetadataAndAnnotations) {
+  c10_alloc::recordAnnotation({{"name", "before history"}});  // not recorded: no history yet
+  record_history(true);
+  std::string context = "graph 7";
+  c10_alloc::pushCompileContext(context);
+  c10_alloc::setUserMetadata("step 3");
+  EXPECT_EQ(c10_alloc::getUserMetadata(), "step 3");
+  c10_alloc::recordAnnotation({{"name", "forward"}, {"stage", "START"}});
+  void* p = c10_alloc::raw_alloc(1 * MiB);
+  c10_alloc::popCompileContext();
+  c10_alloc::popCompileContext();  // popping an empty stack is harmless, as in PyTorch
+  c10_alloc::setUserMetadata("");
+  void* q = c10_alloc::raw_alloc(1 * MiB);
+#if GPUMEM_TORCH_AT_LEAST(2, 15)
+  EXPECT_TRUE(c10_alloc::supportsUserMetadata());
+  c10_alloc::get()->annotateMemory(p, "weights");
+#endif
+  const c10_alloc::SnapshotInfo info = c10_alloc::snapshot();
+  const auto entry_for = [&](void* ptr) -> const c10_alloc::TraceEntry* {
+    for (const auto& e : info.device_traces[0]) {
+      if (e.action_ == Action::ALLOC && e.addr_ == reinterpret_cast<std::size_t>(ptr)) return &e;
+    }
+    return nullptr;
+  };
+  const c10_alloc::TraceEntry* with = entry_for(p);
+  const c10_alloc::TraceEntry* without = entry_for(q);
+  ASSERT_NE(with, nullptr);
+  ASSERT_NE(without, nullptr);
+  EXPECT_EQ(with->compile_context_, "graph 7");
+  EXPECT_EQ(with->user_metadata_, "step 3");
+  EXPECT_EQ(without->compile_context_, "");
+  EXPECT_EQ(without->user_metadata_, "");
+  ASSERT_EQ(info.external_annotations.size(), 1u);
+  EXPECT_EQ(info.external_annotations[0].metadata_.at("name"), "forward");
+  EXPECT_EQ(info.external_annotations[0].metadata_.at("stage"), "START");
+#if GPUMEM_TORCH_AT_LEAST(2, 15)
+  const auto annotated =
+      std::find_if(info.device_traces[0].begin(), info.device_traces[0].end(),
+                   [](const c10_alloc::TraceEntry& e) { return e.action_ == Action::ANNOTATE; });
+  ASSERT_NE(annotated, info.device_traces[0].end());
+  EXPECT_EQ(annotated->addr_, reinterpret_cast<std::size_t>(p));
+  EXPECT_EQ(annotated->user_metadata_, "weights");
+  EXPECT_EQ(annotated->size_, 1 * MiB);
+#endif
+  // A snapshot without traces has neither entries nor annotations.
+  const c10_alloc::SnapshotInfo bare = a_->snapshot({0, 0}, /*include_traces=*/false);
+  EXPECT_TRUE(bare.device_traces.empty() || bare.device_traces[0].empty());
+  EXPECT_TRUE(bare.external_annotations.empty());
+  c10_alloc::raw_delete(p);
+  c10_alloc::raw_delete(q);
+  record_history(false);
+  EXPECT_TRUE(c10_alloc::snapshot().external_annotations.empty());  // PyTorch clears both
+}
+#endif
+
 std::vector<c10_alloc::TraceEntry>* tracked = nullptr;
 
 TEST_F(Installed, TraceTrackersSeeEverySegmentChange) {

@@ -163,6 +163,14 @@ inline c10_alloc::TraceEntry::Action trace_action(allocator_action a) noexcept {
   return A::ALLOC;
 }
 
+// memory_viz reads a trace entry's time as microseconds since the epoch from time_.t_ (PyTorch
+// converts its TSC stamps the same way when it takes a snapshot).
+inline std::time_t epoch_microseconds() noexcept {
+  return static_cast<std::time_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                      std::chrono::system_clock::now().time_since_epoch())
+                                      .count());
+}
+
 inline void copy_stat(const stat& from, ::c10::CachingAllocator::Stat& to) noexcept {
   to.current += from.current;
   to.peak += from.peak;
@@ -597,6 +605,67 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
                      size_t alloc_trace_max_entries, c10_alloc::RecordContext when,
                      bool clear_history) override {
     record_history(enabled, context_recorder, alloc_trace_max_entries, when, clear_history, {});
+  }
+#endif
+
+#if GPUMEM_TORCH_AT_LEAST(2, 11)
+  // torch.cuda.memory._record_memory_history's annotations (record_function markers): kept, while
+  // history is recorded, as the snapshot's external_annotations.
+  void recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) override {
+    if (!history_enabled_.load(std::memory_order_acquire)) return;
+    ::c10::CachingDeviceAllocator::AnnotationEntry entry(c10::cuda::current_device(),
+                                                         c10::getApproximateTime());
+    entry.time_.t_ = detail::epoch_microseconds();
+    for (const auto& [name, value] : md) entry.recordUserMetadata(name, value);
+    std::lock_guard<std::mutex> lock(trace_mutex_);
+    annotations_.push_back(std::move(entry));
+    while (annotations_.size() > max_entries_) annotations_.pop_front();
+  }
+
+  // torch.compile's context (the graph being compiled or run), per GPU as in PyTorch: the newest
+  // pushed is written on every trace entry of that GPU.
+  void pushCompileContext(std::string& md) override {
+    std::lock_guard<std::mutex> lock(trace_mutex_);
+    per_device(compile_contexts_).push_back(md);
+  }
+
+  void popCompileContext() override {
+    std::lock_guard<std::mutex> lock(trace_mutex_);
+    auto& stack = per_device(compile_contexts_);
+    if (!stack.empty()) stack.pop_back();
+  }
+
+  // torch.cuda.memory._set_memory_metadata: written on every later trace entry of the GPU.
+  void setUserMetadata(const std::string& metadata) override {
+    std::lock_guard<std::mutex> lock(trace_mutex_);
+    per_device(user_metadata_) = metadata;
+  }
+
+  std::string getUserMetadata() override {
+    std::lock_guard<std::mutex> lock(trace_mutex_);
+    return per_device(user_metadata_);
+  }
+#endif
+
+#if GPUMEM_TORCH_AT_LEAST(2, 15)
+  bool supportsUserMetadata() override {
+    return true;
+  }
+
+  // torch.cuda.memory._annotate_memory: an "annotate" trace entry for the live allocation at
+  // `ptr`, its payload in user_metadata, while history is recorded.
+  void annotateMemory(const void* ptr, const std::string& metadata) override {
+    if (!history_enabled_.load(std::memory_order_acquire)) return;
+    void* p = const_cast<void*>(ptr);
+    device_allocator& a = owner_of(p, devices_.size() == 1 ? 0 : c10::cuda::current_device());
+    const auto device = static_cast<c10::DeviceIndex>(a.device().index());
+    const std::size_t size = a.allocation_size(p);
+    std::lock_guard<std::mutex> lock(trace_mutex_);
+    c10_alloc::TraceEntry entry(
+        c10_alloc::TraceEntry::ANNOTATE, device, reinterpret_cast<std::size_t>(ptr), size, nullptr,
+        {0, 0}, c10::getApproximateTime(), nullptr, top_compile_context(device), metadata);
+    entry.time_.t_ = detail::epoch_microseconds();
+    keep_in_history(device, std::move(entry));
   }
 #endif
 
@@ -1062,8 +1131,11 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
         if (name == gpumem::to_string(static_cast<allocator_action>(a))) skip_ |= 1u << a;
       }
     }
-    if (clear_history) {
+    if (clear_history || !enabled) {
       for (auto& h : history_) h.clear();
+#if GPUMEM_TORCH_AT_LEAST(2, 11)
+      annotations_.clear();
+#endif
     }
     history_enabled_.store(enabled, std::memory_order_release);
     trace_wanted_.store(enabled || !trackers_.empty(), std::memory_order_release);
@@ -1079,24 +1151,47 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     std::lock_guard<std::mutex> lock(trace_mutex_);
     std::shared_ptr<c10::GatheredContext> context;
     if (e.action == allocator_action::alloc) context = pending_context();
+#if GPUMEM_TORCH_AT_LEAST(2, 11)
+    c10_alloc::TraceEntry entry(detail::trace_action(e.action), device, e.address, e.size, e.stream,
+                                pool, c10::getApproximateTime(), std::move(context),
+                                top_compile_context(device), user_metadata_of(device));
+#else
     c10_alloc::TraceEntry entry(detail::trace_action(e.action), device, e.address, e.size, e.stream,
                                 pool, c10::getApproximateTime(), std::move(context));
-    // memory_viz reads microseconds since the epoch from time_.t_ (PyTorch converts its TSC
-    // stamps the same way when it takes a snapshot).
-    entry.time_.t_ =
-        static_cast<std::time_t>(std::chrono::duration_cast<std::chrono::microseconds>(
-                                     std::chrono::system_clock::now().time_since_epoch())
-                                     .count());
+#endif
+    entry.time_.t_ = detail::epoch_microseconds();
     if (e.view != segment_view::reserved) {
       for (const auto& tracker : trackers_) tracker(entry);
     }
     if (e.view == segment_view::device) return;
     if (!history_enabled_.load(std::memory_order_relaxed)) return;
     if ((skip_ >> static_cast<int>(e.action)) & 1u) return;
+    keep_in_history(device, std::move(entry));
+  }
+
+  // With trace_mutex_ held: the newest `max_entries_` entries per GPU.
+  void keep_in_history(c10::DeviceIndex device, c10_alloc::TraceEntry entry) {
     if (history_.size() <= static_cast<std::size_t>(device)) history_.resize(device + 1);
     auto& h = history_[static_cast<std::size_t>(device)];
     h.push_back(std::move(entry));
     while (h.size() > max_entries_) h.pop_front();
+  }
+
+  // With trace_mutex_ held: the current GPU's element of a per-GPU list, grown as needed.
+  template <class T>
+  static T& per_device(std::vector<T>& v, int device = c10::cuda::current_device()) {
+    if (v.size() <= static_cast<std::size_t>(device))
+      v.resize(static_cast<std::size_t>(device) + 1);
+    return v[static_cast<std::size_t>(device)];
+  }
+
+  std::string top_compile_context(c10::DeviceIndex device) {
+    const auto& stack = per_device(compile_contexts_, device);
+    return stack.empty() ? std::string() : stack.back();
+  }
+
+  std::string user_metadata_of(c10::DeviceIndex device) {
+    return per_device(user_metadata_, device);
   }
 
   // --- snapshot
@@ -1121,6 +1216,9 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
         for (std::size_t d = 0; d < history_.size() && d < devices_.size(); ++d) {
           out.device_traces[d].assign(history_[d].begin(), history_[d].end());
         }
+#if GPUMEM_TORCH_AT_LEAST(2, 11)
+        out.external_annotations.assign(annotations_.begin(), annotations_.end());
+#endif
       }
     }
     auto& c = out.config_metadata;
@@ -1198,6 +1296,11 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   std::size_t max_entries_ = 1;
   unsigned skip_ = 0;  // bit per allocator_action
   std::vector<std::deque<c10_alloc::TraceEntry>> history_;
+  std::vector<std::vector<std::string>> compile_contexts_;  // per GPU, newest last
+  std::vector<std::string> user_metadata_;                  // per GPU
+#if GPUMEM_TORCH_AT_LEAST(2, 11)
+  std::deque<::c10::CachingDeviceAllocator::AnnotationEntry> annotations_;
+#endif
   std::unordered_map<void*, std::shared_ptr<c10::GatheredContext>> contexts_;
 
   std::mutex ipc_mutex_;
