@@ -271,6 +271,28 @@ TEST(CudaVmmDevice, AnExportedPageImportsAsTheSamePhysicalMemory) {
   }
 }
 
+TEST(CudaVmmDevice, NewMemoryIsWhatNcclRegistersExportableAndGpuDirectRdmaCapable) {
+  GPUMEM_REQUIRE_VMM_GPU();
+  cuda_vmm_device d(0);
+  int rdma = 0;
+  // The runtime names no such attribute; the driver's value is the same enumeration.
+  const auto attribute =
+      static_cast<cudaDeviceAttr>(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED);
+  ASSERT_EQ(cudaDeviceGetAttribute(&rdma, attribute, 0), cudaSuccess);
+  if (on_the_simulator()) {
+    EXPECT_EQ(rdma, 1);  // the simulated H200 has it
+  }
+  const auto h = d.create_physical(d.granularity());
+  ASSERT_NE(h, cuda_vmm_device::invalid_physical_handle);
+  const CUmemAllocationProp prop = d.allocation_properties(h);
+  EXPECT_EQ(prop.type, CU_MEM_ALLOCATION_TYPE_PINNED);
+  EXPECT_EQ(prop.location.id, 0);
+  EXPECT_NE(prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  EXPECT_EQ(prop.allocFlags.gpuDirectRDMACapable, rdma != 0 ? 1 : 0);
+  d.release_physical(h);
+  EXPECT_THROW(d.allocation_properties(h), gpumem::cuda_error);
+}
+
 TEST(CudaVmmDevice, MemoryCreatedWithoutAHandleTypeIsNotExported) {
   GPUMEM_REQUIRE_VMM_GPU();
   cuda_vmm_device d(0, cuda_vmm_device::shareable_handle::none);

@@ -79,6 +79,7 @@ struct cuda_driver_api {
   PFN_cuMemSetAccess_v10020 mem_set_access = nullptr;
   PFN_cuMemExportToShareableHandle_v10020 mem_export_to_shareable_handle = nullptr;
   PFN_cuMemImportFromShareableHandle_v10020 mem_import_from_shareable_handle = nullptr;
+  PFN_cuMemGetAllocationPropertiesFromHandle_v10020 mem_get_allocation_properties = nullptr;
 };
 
 /// Looks `symbol` up through the runtime into `fn`. Throws cuda_error naming the lookup (and
@@ -136,6 +137,8 @@ inline const cuda_driver_api& cuda_driver(int device) {
     resolve_driver_symbol(a.mem_set_access, "cuMemSetAccess", device);
     resolve_driver_symbol(a.mem_export_to_shareable_handle, "cuMemExportToShareableHandle", device);
     resolve_driver_symbol(a.mem_import_from_shareable_handle, "cuMemImportFromShareableHandle",
+                          device);
+    resolve_driver_symbol(a.mem_get_allocation_properties, "cuMemGetAllocationPropertiesFromHandle",
                           device);
     return a;
   }();
@@ -257,15 +260,20 @@ class cuda_vmm_device : public cuda_device {
   }
 
   /// cuMemCreate: `size` bytes of pinned physical memory on this device
-  /// (CU_MEM_ALLOCATION_TYPE_PINNED, no shareable handle type: see "Limits" at the top). Returns
-  /// invalid_physical_handle (0) when the device is out of memory (CUDA_ERROR_OUT_OF_MEMORY).
-  /// Thread-safe. Throws cuda_error for any other failure (CUDA_ERROR_INVALID_VALUE for a size of
-  /// 0 or not a multiple of the granularity).
+  /// (CU_MEM_ALLOCATION_TYPE_PINNED) with the shareable handle type (shareable_handle_type()) and,
+  /// where the GPU supports it (CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED),
+  /// GPUDirect RDMA (allocFlags.gpuDirectRDMACapable): what NCCL's network transports want of a
+  /// registered buffer, as ncclMemAlloc makes it. Returns invalid_physical_handle (0) when the
+  /// device is out of memory (CUDA_ERROR_OUT_OF_MEMORY). Thread-safe. Throws cuda_error for any
+  /// other failure (CUDA_ERROR_INVALID_VALUE for a size of 0 or not a multiple of the
+  /// granularity).
   physical_handle create_physical(std::size_t size) {
     const detail::cuda_driver_api& api = driver();
+    const bool rdma = gpu_direct_rdma_supported(api);
     for (;;) {
       CUmemAllocationProp prop = allocation_prop();
       prop.requestedHandleTypes = requested_types(handles_);
+      prop.allocFlags.gpuDirectRDMACapable = rdma ? 1 : 0;
       physical_handle handle = invalid_physical_handle;
       const CUresult status = api.mem_create(&handle, size, &prop, 0);
       if (status == CUDA_ERROR_OUT_OF_MEMORY) return invalid_physical_handle;
@@ -285,6 +293,21 @@ class cuda_vmm_device : public cuda_device {
       }
       return handle;
     }
+  }
+
+  /// cuMemGetAllocationPropertiesFromHandle: what `handle` was created with (its handle types,
+  /// allocFlags.gpuDirectRDMACapable). Thread-safe. Throws cuda_error (CUDA_ERROR_INVALID_VALUE
+  /// for a handle that is not live).
+  CUmemAllocationProp allocation_properties(physical_handle handle) const {
+    const detail::cuda_driver_api& api = driver();
+    CUmemAllocationProp prop{};
+    const CUresult status = api.mem_get_allocation_properties(&prop, handle);
+    if (status != CUDA_SUCCESS) {
+      detail::throw_cu_error(
+          api, status, fmt::format("cuMemGetAllocationPropertiesFromHandle(&prop, {:#x})", handle),
+          index());
+    }
+    return prop;
   }
 
   /// cuMemExportToShareableHandle as a POSIX file descriptor (the caller owns and closes it):
@@ -407,6 +430,17 @@ class cuda_vmm_device : public cuda_device {
   }
 
   shareable_handle handles_;
+
+  // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED; false when the query fails.
+  bool gpu_direct_rdma_supported(const detail::cuda_driver_api& api) const noexcept {
+    CUdevice dev = 0;
+    int value = 0;
+    return api.device_get(&dev, index()) == CUDA_SUCCESS &&
+           api.device_get_attribute(&value,
+                                    CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+                                    dev) == CUDA_SUCCESS &&
+           value != 0;
+  }
 
   // Pinned device memory on this device, no shareable handle type, no special flags (the
   // granularity query; create_physical adds the handle type).

@@ -225,6 +225,7 @@ constexpr proc procs[] = {
     {"cuMemFree", 2000, "cuMemFree"},
     {"cuMemFree", 3020, "cuMemFree_v2"},
     {"cuMemGetAllocationGranularity", 10020, "cuMemGetAllocationGranularity"},
+    {"cuMemGetAllocationPropertiesFromHandle", 10020, "cuMemGetAllocationPropertiesFromHandle"},
     {"cuMemAddressReserve", 10020, "cuMemAddressReserve"},
     {"cuMemAddressFree", 10020, "cuMemAddressFree"},
     {"cuMemCreate", 10020, "cuMemCreate"},
@@ -741,10 +742,38 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
         // from to POSIX file descriptors.
         const auto types = static_cast<unsigned>(prop->requestedHandleTypes);
         if ((types & static_cast<unsigned>(CU_MEM_HANDLE_TYPE_FABRIC)) != 0) return not_supported;
+        // GPUDirect RDMA on VMM memory only where the GPU reports it (the simulated one does).
+        const bool rdma = prop->allocFlags.gpuDirectRDMACapable != 0;
+        int rdma_supported = 0;
+        device_attribute(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+                         rdma_supported, prop->location.id);
+        if (rdma && rdma_supported == 0) return not_supported;
         std::uint64_t h = 0;
-        const int s = sim.create_physical(prop->location.id, size, types, h);
+        const int s = sim.create_physical(prop->location.id, size, types, rdma, h);
         if (s == ok) *handle = static_cast<CUmemGenericAllocationHandle>(h);
         return s;
+      });
+}
+
+CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
+                                                CUmemGenericAllocationHandle handle) {
+  return driver_call(
+      "cuMemGetAllocationPropertiesFromHandle", needs::init,
+      [&] { return fmt::format("prop, {:#x}", handle); },
+      [&](simulator& sim) -> int {
+        if (prop == nullptr) return invalid_value;
+        int device = 0;
+        unsigned types = 0;
+        bool rdma = false;
+        const int s = sim.allocation_properties(handle, device, types, rdma);
+        if (s != ok) return s;
+        *prop = CUmemAllocationProp{};
+        prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop->location.id = device;
+        prop->requestedHandleTypes = static_cast<CUmemAllocationHandleType>(types);
+        prop->allocFlags.gpuDirectRDMACapable = rdma ? 1 : 0;
+        return ok;
       });
 }
 

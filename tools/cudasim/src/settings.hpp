@@ -221,6 +221,9 @@ inline constexpr attribute_value device_attributes[] = {
     // VMM memory exported as POSIX file descriptors and imported again in the same process
     // (cuMemExportToShareableHandle / cuMemImportFromShareableHandle); no fabric handles.
     {CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, 1},
+    // GPUDirect RDMA on VMM memory (allocFlags.gpuDirectRDMACapable), as NCCL's network
+    // transports want for registered buffers.
+    {CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, 1},
     {CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR, 32},
     {CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE, 0},
     {CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK, 1024},

@@ -428,14 +428,32 @@ class simulator {
   }
 
   /// cuMemCreate on `device` with the shareable handle types `handle_types` requested
-  /// (CUmemAllocationHandleType bits): *out = a handle that names the device (0 when out of
-  /// memory).
-  status create_physical(int device, std::size_t size, unsigned handle_types, std::uint64_t& out) {
+  /// (CUmemAllocationHandleType bits) and `gpu_direct_rdma` (allocFlags.gpuDirectRDMACapable):
+  /// *out = a handle that names the device (0 when out of memory).
+  status create_physical(int device, std::size_t size, unsigned handle_types, bool gpu_direct_rdma,
+                         std::uint64_t& out) {
     std::lock_guard<std::mutex> lock(mutex_);
     const simulated_device::physical_handle h = dev(device).mem->create_physical(size);
     if (h == simulated_device::invalid_physical_handle) return out_of_memory;
     out = (static_cast<std::uint64_t>(device) << handle_device_shift) | h;
-    handles_[out] = handle_state{handle_types, 0};
+    handles_[out] = handle_state{handle_types, gpu_direct_rdma, 0};
+    return ok;
+  }
+
+  /// cuMemGetAllocationPropertiesFromHandle: what a live handle was created with.
+  status allocation_properties(std::uint64_t handle, int& device, unsigned& handle_types,
+                               bool& gpu_direct_rdma) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = handles_.find(handle);
+    if (it == handles_.end()) {
+      throw cuda_error(invalid_value,
+                       fmt::format("cuMemGetAllocationPropertiesFromHandle(handle={:#x}): not a "
+                                   "live handle",
+                                   handle));
+    }
+    device = handle_device(handle);
+    handle_types = it->second.types;
+    gpu_direct_rdma = it->second.gpu_direct_rdma;
     return ok;
   }
 
@@ -2174,6 +2192,7 @@ class simulator {
   // VMM handles: the shareable types requested at creation, and imports still to be released.
   struct handle_state {
     unsigned types = 0;
+    bool gpu_direct_rdma = false;
     std::uint32_t imports = 0;
   };
   std::unordered_map<std::uint64_t, handle_state> handles_;
