@@ -28,6 +28,7 @@
 
 #include <fmt/format.h>
 
+#include "command_line.hpp"
 #include "gpumem/gpumem.hpp"
 #include "gpumem/trace/native_format.hpp"
 #include "workload_traces.hpp"
@@ -106,89 +107,52 @@ void print_help() {
       names.c_str());
 }
 
-[[noreturn]] void usage_error(const std::string& message) {
-  std::fprintf(stderr, "gpumem_bench_fragmentation: %s (see --help)\n", message.c_str());
-  std::exit(2);
-}
-
-std::uint64_t parse_seed(const std::string& text) {
-  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos) {
-    usage_error(fmt::format("--seed needs a non-negative integer, got \"{}\"", text));
-  }
-  errno = 0;
-  const unsigned long long v = std::strtoull(text.c_str(), nullptr, 10);
-  if (errno == ERANGE) usage_error(fmt::format("--seed {} is out of range", text));
-  return static_cast<std::uint64_t>(v);
-}
-
 options parse_command_line(int argc, char** argv) {
   options opts;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    std::optional<std::string> inline_value;
-    if (arg.rfind("--", 0) == 0) {
-      const auto eq = arg.find('=');
-      if (eq != std::string::npos) {
-        inline_value = arg.substr(eq + 1);
-        arg.resize(eq);
-      }
-    }
-    auto value = [&]() -> std::string {
-      if (inline_value) return *inline_value;
-      if (i + 1 >= argc) usage_error(fmt::format("{} needs a value", arg));
-      return argv[++i];
-    };
-    auto no_value = [&] {
-      if (inline_value) usage_error(fmt::format("{} takes no value", arg));
-    };
-    if (arg == "--help" || arg == "-h") {
-      no_value();
+  gpumem_tools::command_line cl(argc, argv, "gpumem_bench_fragmentation");
+  while (cl.next()) {
+    if (cl.is("--help") || cl.is("-h")) {
+      cl.no_value();
       print_help();
       std::exit(0);
-    } else if (arg == "--list") {
-      no_value();
+    } else if (cl.is("--list")) {
+      cl.no_value();
       for (const workload_info& w : gpumem::bench::all_workloads()) {
         std::printf("%-24s %s\n", std::string(w.name).c_str(), std::string(w.summary).c_str());
       }
       std::exit(0);
-    } else if (arg == "--markdown") {
-      no_value();
+    } else if (cl.is("--markdown")) {
+      cl.no_value();
       opts.markdown = true;
-    } else if (arg == "--no-default-configs") {
-      no_value();
+    } else if (cl.is("--no-default-configs")) {
+      cl.no_value();
       opts.default_configs = false;
-    } else if (arg == "--workload") {
-      const std::string name = value();
+    } else if (cl.is("--workload")) {
+      const std::string name = cl.value();
       const workload_info* w = gpumem::bench::find_workload(name);
-      if (w == nullptr)
-        usage_error(fmt::format("unknown workload \"{}\"; --list names them", name));
+      if (w == nullptr) cl.fail(fmt::format("unknown workload \"{}\"; --list names them", name));
       if (std::find(opts.workloads.begin(), opts.workloads.end(), w) == opts.workloads.end()) {
         opts.workloads.push_back(w);
       }
-    } else if (arg == "--config") {
-      opts.config_texts.push_back(value());
-    } else if (arg == "--device-memory") {
-      const std::string text = value();
-      try {
-        opts.device_memory = gpumem::parse_size(text);
-      } catch (const std::invalid_argument& e) {
-        usage_error(fmt::format("--device-memory: {}", e.what()));
-      }
-      if (opts.device_memory == 0) usage_error("--device-memory must be above 0");
-    } else if (arg == "--write-traces") {
-      opts.trace_dir = value();
-      if (opts.trace_dir.empty()) usage_error("--write-traces needs a directory");
-    } else if (arg == "--seed") {
-      opts.seed = parse_seed(value());
+    } else if (cl.is("--config")) {
+      opts.config_texts.push_back(cl.value());
+    } else if (cl.is("--device-memory")) {
+      opts.device_memory = cl.size_value();
+      if (opts.device_memory == 0) cl.fail("--device-memory must be above 0");
+    } else if (cl.is("--write-traces")) {
+      opts.trace_dir = cl.value();
+      if (opts.trace_dir.empty()) cl.fail("--write-traces needs a directory");
+    } else if (cl.is("--seed")) {
+      opts.seed = cl.unsigned_value();
     } else {
-      usage_error(fmt::format("unknown option \"{}\"", argv[i]));
+      cl.unknown();
     }
   }
   if (opts.workloads.empty()) {
     for (const workload_info& w : gpumem::bench::all_workloads()) opts.workloads.push_back(&w);
   }
   if (!opts.default_configs && opts.config_texts.empty()) {
-    usage_error("--no-default-configs leaves no configuration: add --config");
+    cl.fail("--no-default-configs leaves no configuration: add --config");
   }
   return opts;
 }
@@ -203,7 +167,8 @@ std::vector<config_entry> build_configs(const options& opts) {
     try {
       out.push_back({text, gpumem::allocator_config::parse(text)});
     } catch (const gpumem::config_error& e) {
-      usage_error(fmt::format("--config \"{}\": {}", text, e.what()));
+      gpumem_tools::usage_error("gpumem_bench_fragmentation",
+                                fmt::format("--config \"{}\": {}", text, e.what()));
     }
   }
   return out;

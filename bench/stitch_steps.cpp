@@ -2,17 +2,17 @@
 // at the end of a step is freed, as a training loop frees its last step's tensors) on an 80 GiB
 // simulated device, under classic, expandable and stitch. Prints a Markdown table.
 //
-//   gpumem_bench_stitch_steps [--steps=N] [--stitch-config=KEYS] TRACE...
+//   gpumem_bench_stitch_steps [--steps N] [--stitch-config KEYS] TRACE...
 //
 // --stitch-config adds configuration keys to stitch's (e.g. stitch_settle_limit:0.01) to measure
 // its thresholds (bench/README.md, "Stitch in the steady state").
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <exception>
 #include <string>
 #include <vector>
 
+#include "command_line.hpp"
 #include "gpumem/trace/replay.hpp"
 #include "gpumem/trace/trace_io.hpp"
 
@@ -20,24 +20,25 @@ int main(int argc, char** argv) {
   std::size_t steps = 12;
   std::string stitch_config;
   std::vector<std::string> paths;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--steps=", 8) == 0) {
-      steps = static_cast<std::size_t>(std::atoi(argv[i] + 8));
-    } else if (std::strncmp(argv[i], "--stitch-config=", 16) == 0) {
-      stitch_config = std::string(",") + (argv[i] + 16);
-    } else if (argv[i][0] == '-') {
-      paths.clear();
-      break;
+  gpumem_tools::command_line cl(argc, argv, "gpumem_bench_stitch_steps");
+  while (cl.next()) {
+    if (cl.is("--help") || cl.is("-h")) {
+      cl.no_value();
+      std::printf(
+          "usage: gpumem_bench_stitch_steps [--steps N>=4] [--stitch-config KEYS] TRACE...\n");
+      return 0;
+    } else if (cl.is("--steps")) {
+      steps = static_cast<std::size_t>(cl.unsigned_value(1000000));
+      if (steps < 4) cl.fail("--steps must be at least 4");
+    } else if (cl.is("--stitch-config")) {
+      stitch_config = "," + cl.value();
+    } else if (cl.positional()) {
+      paths.push_back(cl.arg());
     } else {
-      paths.emplace_back(argv[i]);
+      cl.unknown();
     }
   }
-  if (paths.empty() || steps < 4) {
-    std::fprintf(
-        stderr,
-        "usage: gpumem_bench_stitch_steps [--steps=N>=4] [--stitch-config=KEYS] TRACE...\n");
-    return 2;
-  }
+  if (paths.empty()) cl.fail("no TRACE given");
   std::printf(
       "| trace | policy | reserved ÷ peak requested, step 1 | after %zu steps | last step with "
       "device calls | device calls, last 3 steps | host waits, last 3 steps | stream waits, last 3 "

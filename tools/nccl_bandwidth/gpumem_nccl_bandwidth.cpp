@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "command_line.hpp"
 #include "gpumem/config.hpp"
 #include "gpumem/core/caching_allocator.hpp"
 #include "gpumem/detail/size_units.hpp"
@@ -80,23 +81,28 @@ int run(int argc, char** argv) {
   std::size_t max_bytes = std::size_t{1} << 30;
   int iters = 20;
   int gpus = 0;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value");
-    const std::string value = argv[++i];
-    if (arg == "--min")
-      min_bytes = gpumem::parse_size(value);
-    else if (arg == "--max")
-      max_bytes = gpumem::parse_size(value);
-    else if (arg == "--iters")
-      iters = std::stoi(value);
-    else if (arg == "--gpus")
-      gpus = std::stoi(value);
-    else
-      throw std::invalid_argument("unknown option " + arg);
+  gpumem_tools::command_line cl(argc, argv, "gpumem-nccl-bandwidth");
+  while (cl.next()) {
+    if (cl.is("--help") || cl.is("-h")) {
+      cl.no_value();
+      std::printf(
+          "usage: gpumem-nccl-bandwidth [--min 1MiB] [--max 1GiB] [--iters 20] [--gpus N]\n"
+          "  --gpus N   the first N visible GPUs (default: all of them)\n");
+      return 0;
+    } else if (cl.is("--min")) {
+      min_bytes = static_cast<std::size_t>(cl.size_value());
+    } else if (cl.is("--max")) {
+      max_bytes = static_cast<std::size_t>(cl.size_value());
+    } else if (cl.is("--iters")) {
+      iters = static_cast<int>(cl.unsigned_value(1000000));
+    } else if (cl.is("--gpus")) {
+      gpus = static_cast<int>(cl.unsigned_value(1024));
+    } else {
+      cl.unknown();
+    }
   }
-  if (min_bytes < 4 || max_bytes < min_bytes || iters < 1 || gpus < 0) {
-    throw std::invalid_argument("need 4 B <= --min <= --max, --iters >= 1, --gpus >= 0");
+  if (min_bytes < 4 || max_bytes < min_bytes || iters < 1) {
+    cl.fail("need 4 B <= --min <= --max and --iters >= 1");
   }
   int visible = gpumem::cuda_device::device_count();
   if (visible == 0) {
@@ -173,12 +179,6 @@ int run(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return run(argc, argv);
-  } catch (const std::invalid_argument& e) {
-    std::fprintf(stderr,
-                 "gpumem-nccl-bandwidth: %s\nusage: gpumem-nccl-bandwidth [--min 1MiB] [--max "
-                 "1GiB] [--iters 20] [--gpus N]\n",
-                 e.what());
-    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpumem-nccl-bandwidth: %s\n", e.what());
     return 1;

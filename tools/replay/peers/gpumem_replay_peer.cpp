@@ -39,6 +39,7 @@
 #include <fmt/format.h>
 
 // config.hpp before size_units.hpp: the other order trips -Wshadow in config.hpp.
+#include "command_line.hpp"
 #include "gpumem/config.hpp"
 #include "gpumem/detail/size_units.hpp"
 #include "gpumem/error.hpp"
@@ -259,32 +260,30 @@ int main(int argc, char** argv) {
   std::string trace_path;
   std::string config;
   int snapshot_device = 0;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) fail(2, fmt::format("{} needs a value", arg));
-      return argv[++i];
-    };
-    if (arg == "-h" || arg == "--help") {
+  gpumem_tools::command_line cl(argc, argv, "gpumem-replay-peer");
+  while (cl.next()) {
+    if (cl.is("-h") || cl.is("--help")) {
+      cl.no_value();
       print_help();
       return 0;
-    } else if (arg == "--list") {
+    } else if (cl.is("--list")) {
+      cl.no_value();
 #ifdef GPUMEM_PEER_PYTORCH
       std::printf("cub\npytorch\n");
 #else
       std::printf("cub\n");
 #endif
       return 0;
-    } else if (arg == "--allocator") {
-      allocator = value();
-    } else if (arg == "--trace") {
-      trace_path = value();
-    } else if (arg == "--config") {
-      config = value();
-    } else if (arg == "--snapshot-device") {
-      snapshot_device = std::atoi(value().c_str());
+    } else if (cl.is("--allocator")) {
+      allocator = cl.value();
+    } else if (cl.is("--trace")) {
+      trace_path = cl.value();
+    } else if (cl.is("--config")) {
+      config = cl.value();
+    } else if (cl.is("--snapshot-device")) {
+      snapshot_device = static_cast<int>(cl.unsigned_value(1023));
     } else {
-      fail(2, fmt::format("unknown argument {}", arg));
+      cl.unknown();
     }
   }
   if (trace_path.empty()) fail(2, "no --trace given");
