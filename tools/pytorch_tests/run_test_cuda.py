@@ -33,15 +33,21 @@ import unittest
 
 OUTCOMES = ("pass", "fail", "error", "skip", "crash", "timeout")
 PASSING = ("pass",)
+VMM_POLICIES = ("expandable", "stitch")  # their segments are expandable, as PyTorch's can be
 
 
 # --- the worker: runs inside the process that has torch (and maybe gpumem) loaded ---------------
 
 
-def _compat_shim():
+def _compat_shim(expandable):
     """Names the test file imports that moved between torch releases (the stored test_cuda.py
-    may be a little newer than the installed torch): defined from what the installed torch has."""
+    may be a little newer than the installed torch): defined from what the installed torch has.
+    The file's EXPANDABLE_SEGMENTS (read from PYTORCH_CUDA_ALLOC_CONF) says which segment layout
+    its checks expect: gpumem's VMM policies have expandable segments whatever that says."""
     from torch.testing._internal import common_utils
+
+    if expandable:
+        common_utils.EXPANDABLE_SEGMENTS = True
 
     if not hasattr(common_utils, "TEST_CUDAMALLOCASYNC"):
         import torch
@@ -124,7 +130,7 @@ def worker_main(args):
             return 3
     with open(args.worker_file) as f:
         if "torch.testing._internal" in f.read():
-            _compat_shim()
+            _compat_shim(args.worker_expandable == "1")
     module = _load_module(args.worker_file)
     loader = unittest.TestLoader()
     if args.worker_list:
@@ -215,6 +221,9 @@ class Runner:
         env["LD_PRELOAD"] = f"{cudasim}/libcudart.so.13:{cudasim}/libcuda.so.1"
         env["GPUMEM_SIM_MEMORY"] = self.opts.sim_memory
         env["PYTHONUNBUFFERED"] = "1"
+        # Extensions the tests compile (load_inline) go to this run's own directory, where the
+        # lock of a build cut short by a crash or a timeout is removed (see release_build_locks).
+        env["TORCH_EXTENSIONS_DIR"] = os.path.join(self.workdir, "torch_extensions", config.name)
         if config.uses_gpumem:
             env["GPUMEM_ALLOC_CONF"] = f"policy:{config.policy}"
         for item in self.opts.env:
@@ -227,6 +236,8 @@ class Runner:
                "--worker-file", self.opts.test_file]
         if config.uses_gpumem:
             cmd += ["--worker-plugin", self.opts.plugin]
+        if config.policy in VMM_POLICIES:
+            cmd += ["--worker-expandable", "1"]
         return cmd + list(extra)
 
     def list_tests(self, config):
@@ -289,6 +300,8 @@ class Runner:
                         break
                     time.sleep(0.2)
             rc = proc.returncode
+            if rc != 0:
+                self.release_build_locks(config)
             finished = [i for i in remaining if i in results]
             if current is not None:
                 outcome = "timeout" if timed_out else "crash"
@@ -312,6 +325,14 @@ class Runner:
                 break
             remaining = [i for i in remaining if i not in results]
         return results
+
+    def release_build_locks(self, config):
+        """A worker killed while torch.utils.cpp_extension built leaves the build's lock file, and
+        every later build of that extension would wait for it forever."""
+        extensions = os.path.join(self.workdir, "torch_extensions", config.name)
+        for root, _, files in os.walk(extensions):
+            if "lock" in files:
+                os.remove(os.path.join(root, "lock"))
 
     @staticmethod
     def crash_message(rc, log_path, log_start):
@@ -396,7 +417,7 @@ def main(argv=None):
     parser.add_argument("--allow-regressions", action="store_true")
     parser.add_argument("--verbose", action="store_true", help="a line for every test")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    for name in ("file", "plugin", "list", "ids", "results"):
+    for name in ("file", "plugin", "list", "ids", "results", "expandable"):
         parser.add_argument(f"--worker-{name}", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
     if opts.worker:
@@ -429,8 +450,6 @@ def main(argv=None):
         for future in concurrent.futures.as_completed(futures):
             results[futures[future].name] = future.result()
     counts, regressions = summarize(configs, results, configs[0])
-    print_report(configs, counts, regressions)
-    runner.log(f"run_test_cuda: {time.monotonic() - started:.0f} s")
     if opts.json:
         version = "import torch; print(torch.__version__, torch.version.git_version)"
         torch_info = subprocess.run([opts.python, "-c", version], capture_output=True,
@@ -441,6 +460,8 @@ def main(argv=None):
             json.dump({"test_file": opts.test_file, "test_file_sha256": digest,
                        "torch": torch_info, "keyword": opts.keyword, "counts": counts,
                        "regressions": regressions, "results": results}, f, indent=1)
+    print_report(configs, counts, regressions)
+    runner.log(f"run_test_cuda: {time.monotonic() - started:.0f} s")
     return 1 if regressions and not opts.allow_regressions else 0
 
 
