@@ -112,6 +112,26 @@ TEST_P(PreemptiveOom, TheLimitIsTheConfiguredFractionNotSetMemoryFractions) {
   a.check_invariants();
 }
 
+TEST(PreemptiveOomRetry, ARetryThatPassesTheCapIsStillRefusedByTheLimit) {
+  // PyTorch checks every attempt: the cap refuses the first, the cache is released, and the retry,
+  // under the cap now, is refused by the configured limit (counted as a retry and a rejection).
+  simulated_device dev{device_options(1 * GiB)};
+  allocator a(dev, config("per_process_memory_fraction:0.5,throw_on_cudamalloc_oom:True"));
+  a.set_memory_fraction(0.75);  // a 768 MiB cap over the 512 MiB limit
+  void* live = a.allocate(300 * MiB);
+  a.deallocate(a.allocate(200 * MiB));                            // 500 MiB reserved
+  const auto [n, what] = oom_of([&] { a.allocate(300 * MiB); });  // 800 > 768, then 600 > 512
+  EXPECT_TRUE(n.preemptive_rejection) << what;
+  EXPECT_EQ(n.counted_reserved_bytes, 300 * MiB);
+  const gpumem::device_stats s = a.stats();
+  EXPECT_EQ(s.num_alloc_retries, 1);
+  EXPECT_EQ(s.num_oom_rejections, 1);
+  EXPECT_EQ(s.num_ooms, 0);
+  EXPECT_EQ(reserved(a), static_cast<std::int64_t>(300 * MiB));
+  a.deallocate(live);
+  a.check_invariants();
+}
+
 TEST(PreemptiveOomSmallPool, ASmallRequestCountsItsTwoMiBSegment) {
   simulated_device dev{device_options(64 * MiB)};
   allocator a(dev, config("throw_on_cudamalloc_oom:True"));

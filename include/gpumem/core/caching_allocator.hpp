@@ -922,28 +922,29 @@ class caching_allocator {
     const std::size_t seg_size = detail::segment_size_for(rounded, config_.large_segment_size);
     const bool may_release_memory = may_release();
     if (gc_enabled() && may_release_memory) garbage_collect_cached_blocks();
-    if (rejects_preemptively(seg_size)) throw_rejection(size, rounded, seg_size);
     bool fraction_refused = false;
-    block_type* b = alloc_block(p, seg_size, false, fraction_refused);
+    block_type* b = alloc_block(p, size, rounded, seg_size, false, fraction_refused);
     if (b == nullptr && may_release_memory && release_available_cached_blocks(p, rounded)) {
-      b = alloc_block(p, seg_size, false, fraction_refused);
+      b = alloc_block(p, size, rounded, seg_size, false, fraction_refused);
     }
     if (b == nullptr && may_release_memory) {
       release_cached_blocks();
-      b = alloc_block(p, seg_size, true, fraction_refused);
+      b = alloc_block(p, size, rounded, seg_size, true, fraction_refused);
     }
     if (b == nullptr) throw_oom(size, rounded, seg_size, p, fraction_refused);
     return b;
   }
 
-  block_type* alloc_block(pool_type& p, std::size_t seg_size, bool is_retry,
-                          bool& fraction_refused) {
+  // PyTorch's alloc_block; `size` and `rounded` (the request) only word a rejection.
+  block_type* alloc_block(pool_type& p, std::size_t size, std::size_t rounded, std::size_t seg_size,
+                          bool is_retry, bool& fraction_refused) {
     if (is_retry) ++stats_.num_alloc_retries;
     fraction_refused = false;
     if (fraction_set_ && limited_total() + seg_size > allowed_memory_maximum_) {
       fraction_refused = true;
       return nullptr;
     }
+    if (rejects_preemptively(seg_size)) throw_rejection(size, rounded, seg_size);
     void* ptr = device_.allocate(seg_size);
     if (ptr == nullptr) return nullptr;
     ++stats_.num_device_alloc;
@@ -1278,15 +1279,12 @@ class caching_allocator {
     if (stitch_large && p.has_freed) {
       if (block_type* b = borrow_block(p, rounded, false)) return b;
     }
-    // PyTorch checks its allocation size, the segment classic would obtain, whatever the policy.
-    const std::size_t alloc_size = detail::segment_size_for(rounded, config_.large_segment_size);
-    if (rejects_preemptively(alloc_size)) throw_rejection(size, rounded, alloc_size);
     bool fraction_refused = false;
-    block_type* b = vmm_alloc_block(p, rounded, false, fraction_refused);
+    block_type* b = vmm_alloc_block(p, size, rounded, false, fraction_refused);
     if (b == nullptr && stitch_large) b = borrow_block(p, rounded, true);
     if (b == nullptr && may_release()) {
       release_cached_blocks();
-      b = vmm_alloc_block(p, rounded, true, fraction_refused);
+      b = vmm_alloc_block(p, size, rounded, true, fraction_refused);
     }
     if (b == nullptr)
       throw_oom(size, rounded, round_up(rounded, vmm_page_size(p)), p, fraction_refused);
@@ -1352,11 +1350,14 @@ class caching_allocator {
 
   // PyTorch's try_allocate_expandable_block, over every VMM segment of the pool: find free address
   // space, map what is unmapped in it, and return one free mapped block of at least `rounded`.
-  block_type* vmm_alloc_block(pool_type& p, std::size_t rounded, bool is_retry,
+  block_type* vmm_alloc_block(pool_type& p, std::size_t size, std::size_t rounded, bool is_retry,
                               bool& fraction_refused) {
     if constexpr (is_vmm_device_v<Device>) {
       if (is_retry) ++stats_.num_alloc_retries;
       fraction_refused = false;
+      // PyTorch checks its allocation size, the segment classic would obtain, whatever the policy.
+      const std::size_t alloc_size = detail::segment_size_for(rounded, config_.large_segment_size);
+      if (rejects_preemptively(alloc_size)) throw_rejection(size, rounded, alloc_size);
       block_type* c = find_vmm_candidate(p, rounded);
       segment_type* fresh = nullptr;
       const std::size_t page = vmm_page_size(p);
@@ -1391,7 +1392,7 @@ class caching_allocator {
       p.index.erase(c);
       return c;
     } else {
-      (void)p, (void)rounded, (void)is_retry, (void)fraction_refused;
+      (void)p, (void)size, (void)rounded, (void)is_retry, (void)fraction_refused;
       return nullptr;
     }
   }
