@@ -254,8 +254,10 @@ class caching_allocator {
     if (config_.has_memory_cap()) set_memory_fraction(*config_.per_process_memory_fraction);
     // PyTorch's limit for throw_on_cudamalloc_oom: the configured fraction (not a later
     // set_memory_fraction), of the whole device when unset, truncated.
+    // The device's total is kept (PyTorch's device_prop.totalGlobalMem): a rejection asks nothing.
+    device_total_ = device_.total_memory();
     rejection_limit_ = static_cast<std::size_t>(config_.per_process_memory_fraction.value_or(1.0) *
-                                                static_cast<double>(device_.total_memory()));
+                                                static_cast<double>(device_total_));
   }
 
   caching_allocator(const caching_allocator&) = delete;
@@ -497,8 +499,9 @@ class caching_allocator {
 
   /// Caps reserved memory at fraction x device total (PyTorch's set_per_process_memory_fraction),
   /// rounded to the nearest byte as PyTorch does since 2.13 (2.12 and older truncate, which can
-  /// leave the cap a byte short of a request that exactly fills it).
-  /// Throws std::invalid_argument unless 0 <= fraction <= 1.
+  /// leave the cap a byte short of a request that exactly fills it). 1 removes the cap (and with
+  /// it garbage collection), as PyTorch does. Throws std::invalid_argument unless 0 <= fraction
+  /// <= 1.
   void set_memory_fraction(double fraction) {
     if (!(fraction >= 0.0 && fraction <= 1.0)) {
       throw std::invalid_argument(
@@ -507,9 +510,10 @@ class caching_allocator {
     const std::size_t total = device_.total_memory();
     std::lock_guard<detail::spin_mutex> lock(mutex_);
     fraction_ = fraction;
-    fraction_set_ = true;
+    fraction_set_ = fraction < 1.0;  // 1 removes the cap, as in PyTorch (2.11 and newer)
     allowed_memory_maximum_ =
-        static_cast<std::size_t>(std::round(fraction * static_cast<double>(total)));
+        fraction_set_ ? static_cast<std::size_t>(std::round(fraction * static_cast<double>(total)))
+                      : 0;
   }
 
   /// The bytes the memory fraction allows (reserved memory is capped there), or nothing when no
@@ -2080,7 +2084,7 @@ class caching_allocator {
     n.requested_bytes = size;
     n.rounded_bytes = rounded;
     n.device_request_bytes = alloc_size;
-    n.device_total_bytes = device_.total_memory();
+    n.device_total_bytes = device_total_;
     n.allocated_bytes = static_cast<std::size_t>(counts_.current(counter::allocated_bytes));
     n.reserved_bytes = static_cast<std::size_t>(counts_.current(counter::reserved_bytes));
     n.largest_free_block_bytes = largest_free_block();
@@ -2424,6 +2428,7 @@ class caching_allocator {
   double fraction_ = 1.0;
   std::size_t allowed_memory_maximum_ = 0;
   std::size_t rejection_limit_ = 0;  // throw_on_cudamalloc_oom's limit (rejects_preemptively)
+  std::size_t device_total_ = 0;     // the device's memory, read once
   std::size_t granularity_ = 0;      // VMM page size (VMM policies only)
   std::int64_t peak_seen_ = -1;
   std::int64_t allocated_at_peak_ = 0;
