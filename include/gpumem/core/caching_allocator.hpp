@@ -253,8 +253,8 @@ class caching_allocator {
     stats_.max_split_size = static_cast<std::int64_t>(config_.max_split_size);
     if (config_.has_memory_cap()) set_memory_fraction(*config_.per_process_memory_fraction);
     // PyTorch's limit for throw_on_cudamalloc_oom: the configured fraction (not a later
-    // set_memory_fraction), of the whole device when unset, truncated.
-    // The device's total is kept (PyTorch's device_prop.totalGlobalMem): a rejection asks nothing.
+    // set_memory_fraction), of the whole device when unset, truncated. The device's total is kept,
+    // as PyTorch keeps device_prop.totalGlobalMem, so that a rejection asks the device nothing.
     device_total_ = device_.total_memory();
     rejection_limit_ = static_cast<std::size_t>(config_.per_process_memory_fraction.value_or(1.0) *
                                                 static_cast<double>(device_total_));
