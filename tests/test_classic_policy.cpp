@@ -263,7 +263,7 @@ TEST_F(ClassicPolicy, FractionCapsReservedBytes) {
 TEST_F(ClassicPolicy, GcSelectionOrderFreesBlocksAtLeastAverageAgeFirst) {
   simulated_device small{device_options(1000 * MiB)};
   allocator a(small, config("garbage_collection_threshold:0.5"));
-  a.set_memory_fraction(1.0);  // a cap set in code enables garbage collection, as in PyTorch
+  a.set_memory_fraction(0.999);  // a cap enables garbage collection (1 removes it, as in PyTorch)
   const auto clock_stream = small.create_stream();
   auto tick = [&](int n) {  // each lookup in the large pool ages cached large blocks by one
     for (int i = 0; i < n; ++i) a.deallocate(a.allocate(12 * MiB, clock_stream));

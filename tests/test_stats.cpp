@@ -116,7 +116,7 @@ TEST(DeviceStats, PoolIndexesAreAllSmallLarge) {
 
 // Every number distinct: the per-pool arrays in PyTorch's Module.cpp order get
 // (array + 1) * 1000 + pool * 10 + field (pool: all, small_pool, large_pool; field: current, peak,
-// allocated, freed), the oversize stats 20000 / 21000 + field, the counters 1..6.
+// allocated, freed), the oversize stats 20000 / 21000 + field, the counters 1..7.
 device_stats distinct_stats() {
   device_stats s;
   s.num_alloc_retries = 1;
@@ -125,6 +125,7 @@ device_stats distinct_stats() {
   s.num_sync_all_streams = 4;
   s.num_device_alloc = 5;
   s.num_device_free = 6;
+  s.num_oom_rejections = 7;
   gpumem::stat_array* arrays[] = {
       &s.allocation,      &s.segment,        &s.active,       &s.inactive_split,
       &s.allocated_bytes, &s.reserved_bytes, &s.active_bytes, &s.inactive_split_bytes,
@@ -223,6 +224,7 @@ const std::vector<std::pair<std::string, std::int64_t>>& expected_flat() {
       {"num_alloc_retries", 1},
       {"num_device_alloc", 5},
       {"num_device_free", 6},
+      {"num_oom_rejections", 7},
       {"num_ooms", 2},
       {"num_sync_all_streams", 4},
       {"oversize_allocations.allocated", 20002},
@@ -275,8 +277,8 @@ const std::vector<std::pair<std::string, std::int64_t>>& expected_flat() {
 
 TEST(Flatten, ExactlyPytorchsKeysOrderAndValues) {
   const auto flat = gpumem::flatten(distinct_stats());
-  ASSERT_EQ(flat.size(), 122u);
-  ASSERT_EQ(expected_flat().size(), 122u);
+  ASSERT_EQ(flat.size(), 123u);
+  ASSERT_EQ(expected_flat().size(), 123u);
   for (std::size_t i = 0; i < flat.size(); ++i) {
     EXPECT_EQ(flat[i].first, expected_flat()[i].first) << "position " << i;
     EXPECT_EQ(flat[i].second, expected_flat()[i].second) << flat[i].first;
@@ -285,7 +287,7 @@ TEST(Flatten, ExactlyPytorchsKeysOrderAndValues) {
 
 TEST(Flatten, KeysAreSortedUniqueAndMatchStatKeys) {
   const auto keys = gpumem::stat_keys();
-  ASSERT_EQ(keys.size(), 122u);
+  ASSERT_EQ(keys.size(), 123u);
   EXPECT_TRUE(std::is_sorted(keys.begin(), keys.end()));
   EXPECT_EQ(std::adjacent_find(keys.begin(), keys.end()), keys.end());
   const auto flat = gpumem::flatten(device_stats{});
@@ -300,8 +302,9 @@ TEST(Flatten, KeysAreSortedUniqueAndMatchStatKeys) {
   EXPECT_EQ(pos("num_alloc_retries"), 73);
   EXPECT_EQ(pos("num_device_alloc"), 74);
   EXPECT_EQ(pos("num_device_free"), 75);
-  EXPECT_EQ(pos("num_ooms"), 76);
-  EXPECT_EQ(pos("num_sync_all_streams"), 77);
+  EXPECT_EQ(pos("num_oom_rejections"), 76);  // '_' sorts before 's'
+  EXPECT_EQ(pos("num_ooms"), 77);
+  EXPECT_EQ(pos("num_sync_all_streams"), 78);
 }
 
 TEST(Flatten, UnsetMaxSplitSizeReadsMinusOneAsInPytorch) {
@@ -341,7 +344,7 @@ TEST(StatValue, UnknownKeysThrowOutOfRangeNamingTheKey) {
   const device_stats s;
   for (const char* key :
        {"", "allocation", "allocation.all", "allocation.all.current.x", "Allocation.all.current",
-        "allocation.medium_pool.current", "oversize_segments", "num_oom_rejections",
+        "allocation.medium_pool.current", "oversize_segments", "num_oom_rejection",
         "active.all.allocatedx", "zzz"}) {
     try {
       (void)gpumem::stat_value(s, key);
@@ -465,6 +468,7 @@ TEST(Json, FlatIsPythonsJsonDumpsOfMemoryStats) {
       "\": 8012, \"inactive_split_bytes.small_pool.current\": 8010, \"inactive_split_bytes."
       "small_pool.freed\": 8013, \"inactive_split_bytes.small_pool.peak\": 8011, \"max_spli"
       "t_size\": -1, \"num_alloc_retries\": 1, \"num_device_alloc\": 5, \"num_device_free\": 6"
+      ", \"num_oom_rejections\": 7"
       ", \"num_ooms\": 2, \"num_sync_all_streams\": 4, \"oversize_allocations.allocated\": 20"
       "002, \"oversize_allocations.current\": 20000, \"oversize_allocations.freed\": 20003,"
       " \"oversize_allocations.peak\": 20001, \"oversize_segments.allocated\": 21002, \"over"
@@ -493,7 +497,8 @@ TEST(Json, FlatIsPythonsJsonDumpsOfMemoryStats) {
 TEST(Json, NestedIsPythonsJsonDumpsOfTheNestedDict) {
   const std::string expected =
       "{\"num_alloc_retries\": 1, \"num_ooms\": 2, \"max_split_size\": -1, \"num_sync_all_stre"
-      "ams\": 4, \"num_device_alloc\": 5, \"num_device_free\": 6, \"allocation\": {\"all\": {\"cu"
+      "ams\": 4, \"num_device_alloc\": 5, \"num_device_free\": 6, \"num_oom_rejections\": 7, "
+      "\"allocation\": {\"all\": {\"cu"
       "rrent\": 1000, \"peak\": 1001, \"allocated\": 1002, \"freed\": 1003}, \"small_pool\": {\"c"
       "urrent\": 1010, \"peak\": 1011, \"allocated\": 1012, \"freed\": 1013}, \"large_pool\": {\""
       "current\": 1020, \"peak\": 1021, \"allocated\": 1022, \"freed\": 1023}}, \"segment\": {\"a"
@@ -537,6 +542,7 @@ TEST(Json, NestedIndentedIsPythonsJsonDumpsWithIndent) {
   "num_sync_all_streams": 0,
   "num_device_alloc": 0,
   "num_device_free": 0,
+  "num_oom_rejections": 0,
   "allocation": {
     "all": {
       "current": 0,
@@ -740,7 +746,7 @@ TEST(Json, FlatIndented) {
   const std::string tail = "\n  \"segment.small_pool.peak\": 0\n}";
   ASSERT_GE(text.size(), tail.size());
   EXPECT_EQ(text.substr(text.size() - tail.size()), tail);
-  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 123);
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 124);
 }
 
 TEST(Json, FlatParsesBackToFlatten) {
@@ -769,6 +775,7 @@ TEST(Json, NestedHasPytorchsShapeAndNumbers) {
                                         "num_sync_all_streams",
                                         "num_device_alloc",
                                         "num_device_free",
+                                        "num_oom_rejections",
                                         "allocation",
                                         "segment",
                                         "active",
@@ -785,10 +792,10 @@ TEST(Json, NestedHasPytorchsShapeAndNumbers) {
   const std::vector<std::string> fields = {"current", "peak", "allocated", "freed"};
   for (std::size_t k = 0; k < top.size(); ++k) {
     const json_value& node = root.members[k];
-    if (k < 6) {
+    if (k < 7) {
       ASSERT_FALSE(node.is_object) << top[k];
       EXPECT_EQ(node.number, gpumem::stat_value(s, top[k]));
-    } else if (k < 15) {
+    } else if (k < 16) {
       ASSERT_EQ(node.keys, pools) << top[k];
       for (std::size_t p = 0; p < 3; ++p) {
         ASSERT_EQ(node.members[p].keys, fields);

@@ -92,6 +92,9 @@ struct allocator_config {
   std::size_t pinned_reserve_segment_size = 0;
   /// backend: "native" or "cudaMallocAsync".
   std::string backend = "native";
+  /// throw_on_cudamalloc_oom (PyTorch 2.12): a miss whose segment would take reserved memory past
+  /// per_process_memory_fraction x device memory (the whole device when unset) fails at once.
+  bool throw_on_cudamalloc_oom = false;
 
   // ---- gpumem's own keys -----------------------------------------------------------------
   /// policy.
@@ -637,7 +640,7 @@ constexpr config_key_handlers segment_bound_handlers(
 
 // Every key: PyTorch 2.11's (AcceleratorAllocatorConfig's and CUDAAllocatorConfig's), then
 // gpumem's. The order is to_string()'s and that of the known keys in error messages.
-inline constexpr std::array<config_key, 20> config_keys{{
+inline constexpr std::array<config_key, 21> config_keys{{
     {"backend",
      "",
      config_key_origin::pytorch,
@@ -788,6 +791,18 @@ inline constexpr std::array<config_key, 20> config_keys{{
       "it",
       "no (note)"},
      mib_handlers<&allocator_config::pinned_reserve_segment_size>()},
+    {"throw_on_cudamalloc_oom",
+     "",
+     config_key_origin::pytorch,
+     /*applied_first=*/false,
+     no_limits,
+     {"`False`", "`True`, `False`",
+      "A miss whose new segment would take reserved memory past `per_process_memory_fraction` × "
+      "device memory (the whole device when unset) fails at once: no device call, no cache "
+      "release, `num_oom_rejections` counted. As in PyTorch, a cap in force is checked first. New "
+      "in PyTorch 2.12.",
+      "all policies"},
+     flag_handlers<&allocator_config::throw_on_cudamalloc_oom>()},
     {"policy",
      "",
      config_key_origin::gpumem,

@@ -28,6 +28,12 @@ class out_of_memory : public std::bad_alloc {
     std::size_t largest_free_block_bytes = 0;
     std::size_t free_cached_bytes = 0;
     int device = 0;
+    /// throw_on_cudamalloc_oom refused the miss before any device call or cache release; then
+    /// limit_bytes is the limit it would have passed and counted_reserved_bytes the reserved
+    /// bytes counted against it (PyTorch's total_allocated_memory).
+    bool preemptive_rejection = false;
+    std::size_t limit_bytes = 0;
+    std::size_t counted_reserved_bytes = 0;
   };
 
   out_of_memory(std::string message, details d) : message_(std::move(message)), details_(d) {}

@@ -62,6 +62,7 @@ struct device_stats {
   std::int64_t num_sync_all_streams = 0;  ///< full synchronisations before releasing memory
   std::int64_t num_device_alloc = 0;      ///< device allocation calls (cudaMalloc, cuMemCreate)
   std::int64_t num_device_free = 0;       ///< device release calls (cudaFree, cuMemRelease)
+  std::int64_t num_oom_rejections = 0;    ///< misses refused by throw_on_cudamalloc_oom
 
   stat oversize_allocations;  ///< allocated blocks of at least max_split_size
   stat oversize_segments;     ///< segments of at least max_split_size

@@ -5,12 +5,12 @@
 // gpumem's output unchanged:
 //  * the nested form has PyTorch's C++ insertion order (torch/csrc/cuda/Module.cpp, memoryStats):
 //    num_alloc_retries, num_ooms, max_split_size, num_sync_all_streams, num_device_alloc,
-//    num_device_free, then the per-pool arrays allocation, segment, active, inactive_split,
-//    allocated_bytes, reserved_bytes, active_bytes, inactive_split_bytes, requested_bytes (each
-//    with pools all, small_pool, large_pool and fields current, peak, allocated, freed), then
-//    oversize_allocations and oversize_segments;
+//    num_device_free, num_oom_rejections (PyTorch 2.12), then the per-pool arrays allocation,
+//    segment, active, inactive_split, allocated_bytes, reserved_bytes, active_bytes,
+//    inactive_split_bytes, requested_bytes (each with pools all, small_pool, large_pool and fields
+//    current, peak, allocated, freed), then oversize_allocations and oversize_segments;
 //  * the flat form joins the nested names with '.' and sorts them as byte strings, which is what
-//    memory_stats() does in Python (result.sort()): 122 keys, from "active.all.allocated" to
+//    memory_stats() does in Python (result.sort()): 123 keys, from "active.all.allocated" to
 //    "segment.small_pool.peak".
 // max_split_size is reported as stored: PyTorch stores static_cast<int64_t>(SIZE_MAX), i.e. -1,
 // when no max_split_size_mb is configured, and so should the allocator that fills device_stats.
@@ -62,6 +62,7 @@ inline constexpr named_counter counter_names[] = {
     {"num_sync_all_streams", &device_stats::num_sync_all_streams},
     {"num_device_alloc", &device_stats::num_device_alloc},
     {"num_device_free", &device_stats::num_device_free},
+    {"num_oom_rejections", &device_stats::num_oom_rejections},
 };
 inline constexpr named_stat_array stat_array_names[] = {
     {"allocation", &device_stats::allocation},
@@ -185,7 +186,7 @@ class json_writer {
 
 }  // namespace detail
 
-/// The flat keys of torch.cuda.memory_stats(), in its order (122 keys).
+/// The flat keys of torch.cuda.memory_stats(), in its order (123 keys).
 /// Thread-safe; throws std::bad_alloc only (on first use, when the table is built).
 inline std::vector<std::string> stat_keys() {
   std::vector<std::string> keys;

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -208,6 +209,68 @@ TEST_F(Installed, MemoryFractionCapsReservedMemoryAndOomIsPyTorchsError) {
   c10_alloc::setMemoryFraction(1.0, 0);
   void* p = c10_alloc::raw_alloc(5ull * 1024 * MiB);  // fits again
   c10_alloc::raw_delete(p);
+}
+
+// throw_on_cudamalloc_oom (PyTorch 2.12): the run installed with it refuses, before any device call
+// and keeping the cache, a request that would take reserved memory past the device (no fraction
+// set: the limit is all 16 GiB); the rejection observers get PyTorch's arguments. The other runs
+// release the cache and serve the same request.
+TEST_F(Installed, ThrowOnCudaMallocOomRefusesBeforeTheDeviceWhenConfigured) {
+  using observation = std::tuple<int64_t, size_t, size_t, size_t>;
+  std::vector<observation> observed;
+  static std::vector<observation>* seen = nullptr;
+  seen = &observed;
+#if GPUMEM_TORCH_AT_LEAST(2, 12)
+  static std::once_flag attach;
+  std::call_once(attach, [] {
+    c10_alloc::attachOomRejectionObserver(  // stays attached
+        [](int64_t device, size_t alloc_size, size_t total_allocated, size_t device_total) {
+          if (seen != nullptr)
+            seen->emplace_back(device, alloc_size, total_allocated, device_total);
+        });
+  });
+#else
+  (void)seen;  // no rejection observers before torch 2.12
+#endif
+  constexpr std::size_t GiB = 1024 * MiB;
+  c10_alloc::raw_delete(c10_alloc::raw_alloc(6 * GiB));  // 6 GiB cached
+  const int64_t ooms = c10_alloc::getDeviceStats(0).num_ooms;
+  const gpumemSimCounters before = sim();
+  if (a_->config().throw_on_cudamalloc_oom) {
+    void* p = nullptr;
+    try {
+      p = c10_alloc::raw_alloc(12 * GiB);  // 6 + 12 GiB > 16 GiB
+    } catch (const c10::OutOfMemoryError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("preemptively rejected"), std::string::npos) << what;
+    }
+    if (p != nullptr) {
+      c10_alloc::raw_delete(p);
+      ADD_FAILURE() << "12 GiB was not refused";
+    }
+    const gpumemSimCounters after = sim();
+    EXPECT_EQ(after.calls.malloc + after.calls.mem_create + after.calls.mem_get_info +
+                  after.calls.free + after.calls.mem_unmap,
+              before.calls.malloc + before.calls.mem_create + before.calls.mem_get_info +
+                  before.calls.free + before.calls.mem_unmap);
+    EXPECT_EQ(a_->default_pool(0).stats().num_oom_rejections, 1);
+    EXPECT_EQ(c10_alloc::getDeviceStats(0).num_ooms, ooms);  // not an ordinary out-of-memory
+    EXPECT_EQ(c10_alloc::getDeviceStats(0).reserved_bytes[all].current,
+              static_cast<int64_t>(6 * GiB));  // the cache was kept
+#if GPUMEM_TORCH_AT_LEAST(2, 12)
+    EXPECT_EQ(c10_alloc::getDeviceStats(0).num_oom_rejections, 1);
+    ASSERT_EQ(observed.size(), 1u);
+    EXPECT_EQ(observed[0], observation(0, 12 * GiB, 6 * GiB, 16 * GiB));
+#endif
+  } else {
+    void* p = c10_alloc::raw_alloc(12 * GiB);
+    EXPECT_NE(p, nullptr);
+    c10_alloc::raw_delete(p);
+    EXPECT_EQ(a_->default_pool(0).stats().num_oom_rejections, 0);
+    EXPECT_TRUE(observed.empty());
+  }
+  seen = nullptr;
+  c10_alloc::emptyCache();
 }
 
 TEST_F(Installed, CacheInfoIsTheLargestFreeBlockOrTheDevicesFreeMemory) {
@@ -727,6 +790,13 @@ TEST_F(Installed, OutOfMemoryReturnsTheCacheOfDeadPoolsAndTriesAgain) {
   c10_alloc::releasePool(0, id);   // dead
   c10_alloc::raw_delete(in_pool);  // 10 GiB cached by the dead pool
   void* p = nullptr;
+  if (a_->config().throw_on_cudamalloc_oom) {
+    // Refused before any retry, as PyTorch refuses it: the dead pool keeps its cache until
+    // empty_cache().
+    EXPECT_THROW(c10_alloc::raw_alloc(10ull * 1024 * MiB), c10::OutOfMemoryError);
+    EXPECT_FALSE(c10_alloc::snapshot(id).segments.empty());
+    c10_alloc::emptyCache();
+  }
   EXPECT_NO_THROW(p = c10_alloc::raw_alloc(10ull * 1024 * MiB));
   EXPECT_TRUE(a_->default_pool(0).owns(p));
   EXPECT_TRUE(c10_alloc::snapshot(id).segments.empty());  // the dead pool went away

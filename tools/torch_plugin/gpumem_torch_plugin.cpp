@@ -92,6 +92,22 @@ struct install_at_load {
   }
 } const installer;
 
+// torch.cuda.memory_stats()'s keys for the torch this plugin was built against: it has
+// num_oom_rejections from 2.12 only.
+std::string memory_stats_json(const gpumem::device_stats& stats) {
+#if GPUMEM_TORCH_AT_LEAST(2, 12)
+  return gpumem::to_json(stats);
+#else
+  std::string text = "{";
+  for (const auto& [key, value] : gpumem::flatten(stats)) {
+    if (key == "num_oom_rejections") continue;
+    if (text.size() > 1) text += ", ";
+    text += "\"" + key + "\": " + std::to_string(value);
+  }
+  return text + "}";
+#endif
+}
+
 }  // namespace
 
 extern "C" {
@@ -161,7 +177,7 @@ size_t gpumem_memory_summary(int device, char* buf, size_t len) {
 size_t gpumem_memory_stats_json(int device, char* buf, size_t len) {
   std::string text;
   const int rc = guarded([&] {
-    text = gpumem::to_json(require_installed().default_pool(device_index(device)).stats());
+    text = memory_stats_json(require_installed().default_pool(device_index(device)).stats());
   });
   if (rc != 0) return static_cast<size_t>(-1);
   return copy_out(text, buf, len);

@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <mutex>  // std::lock_guard
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -363,6 +364,12 @@ class caching_allocator {
     }
     stats_.max_split_size = static_cast<std::int64_t>(config_.max_split_size);
     if (config_.has_memory_cap()) set_memory_fraction(*config_.per_process_memory_fraction);
+    // PyTorch's limit for throw_on_cudamalloc_oom: the configured fraction (not a later
+    // set_memory_fraction), of the whole device when unset, truncated. The device's total is kept,
+    // as PyTorch keeps device_prop.totalGlobalMem, so that a rejection asks the device nothing.
+    device_total_ = device_.total_memory();
+    rejection_limit_ = static_cast<std::size_t>(config_.per_process_memory_fraction.value_or(1.0) *
+                                                static_cast<double>(device_total_));
   }
 
   caching_allocator(const caching_allocator&) = delete;
@@ -603,8 +610,11 @@ class caching_allocator {
   // ---------------------------------------------------------------------------------------------
   // Limits
 
-  /// Caps reserved memory at fraction x device total (PyTorch's set_per_process_memory_fraction).
-  /// Throws std::invalid_argument unless 0 <= fraction <= 1.
+  /// Caps reserved memory at fraction x device total (PyTorch's set_per_process_memory_fraction),
+  /// rounded to the nearest byte as PyTorch does since 2.13 (2.12 and older truncate, which can
+  /// leave the cap a byte short of a request that exactly fills it). 1 removes the cap (and with
+  /// it garbage collection), as PyTorch does. Throws std::invalid_argument unless 0 <= fraction
+  /// <= 1.
   void set_memory_fraction(double fraction) {
     if (!(fraction >= 0.0 && fraction <= 1.0)) {
       throw std::invalid_argument(
@@ -613,8 +623,18 @@ class caching_allocator {
     const std::size_t total = device_.total_memory();
     std::lock_guard<detail::spin_mutex> lock(mutex_);
     fraction_ = fraction;
-    fraction_set_ = true;
-    allowed_memory_maximum_ = static_cast<std::size_t>(fraction * static_cast<double>(total));
+    fraction_set_ = fraction < 1.0;  // 1 removes the cap, as in PyTorch (2.11 and newer)
+    allowed_memory_maximum_ =
+        fraction_set_ ? static_cast<std::size_t>(std::round(fraction * static_cast<double>(total)))
+                      : 0;
+  }
+
+  /// The bytes the memory fraction allows (reserved memory is capped there), or nothing when no
+  /// fraction is set.
+  std::optional<std::size_t> memory_cap_bytes() const {
+    std::lock_guard<detail::spin_mutex> lock(mutex_);
+    if (!fraction_set_) return std::nullopt;
+    return allowed_memory_maximum_;
   }
 
   /// The memory fraction in force (1.0 when none was set).
@@ -664,6 +684,7 @@ class caching_allocator {
     stats_.num_sync_all_streams = 0;
     stats_.num_device_alloc = 0;
     stats_.num_device_free = 0;
+    stats_.num_oom_rejections = 0;
   }
 
   /// The numbers of memory_summary's gpumem section.
@@ -1043,26 +1064,28 @@ class caching_allocator {
     const bool may_release_memory = may_release();
     if (gc_enabled() && may_release_memory) garbage_collect_cached_blocks();
     bool fraction_refused = false;
-    block_type* b = alloc_block(p, seg_size, false, fraction_refused);
+    block_type* b = alloc_block(p, size, rounded, seg_size, false, fraction_refused);
     if (b == nullptr && may_release_memory && release_available_cached_blocks(p, rounded)) {
-      b = alloc_block(p, seg_size, false, fraction_refused);
+      b = alloc_block(p, size, rounded, seg_size, false, fraction_refused);
     }
     if (b == nullptr && may_release_memory) {
       release_cached_blocks();
-      b = alloc_block(p, seg_size, true, fraction_refused);
+      b = alloc_block(p, size, rounded, seg_size, true, fraction_refused);
     }
     if (b == nullptr) throw_oom(size, rounded, seg_size, p, fraction_refused);
     return b;
   }
 
-  block_type* alloc_block(pool_type& p, std::size_t seg_size, bool is_retry,
-                          bool& fraction_refused) {
+  // PyTorch's alloc_block; `size` and `rounded` (the request) only word a rejection.
+  block_type* alloc_block(pool_type& p, std::size_t size, std::size_t rounded, std::size_t seg_size,
+                          bool is_retry, bool& fraction_refused) {
     if (is_retry) ++stats_.num_alloc_retries;
     fraction_refused = false;
     if (fraction_set_ && limited_total() + seg_size > allowed_memory_maximum_) {
       fraction_refused = true;
       return nullptr;
     }
+    if (rejects_preemptively(seg_size)) throw_rejection(size, rounded, seg_size);
     void* ptr = device_.allocate(seg_size);
     if (ptr == nullptr) return nullptr;
     ++stats_.num_device_alloc;
@@ -1398,11 +1421,11 @@ class caching_allocator {
       if (block_type* b = borrow_block(p, rounded, false)) return b;
     }
     bool fraction_refused = false;
-    block_type* b = vmm_alloc_block(p, rounded, false, fraction_refused);
+    block_type* b = vmm_alloc_block(p, size, rounded, false, fraction_refused);
     if (b == nullptr && stitch_large) b = borrow_block(p, rounded, true);
     if (b == nullptr && may_release()) {
       release_cached_blocks();
-      b = vmm_alloc_block(p, rounded, true, fraction_refused);
+      b = vmm_alloc_block(p, size, rounded, true, fraction_refused);
     }
     if (b == nullptr)
       throw_oom(size, rounded, round_up(rounded, vmm_page_size(p)), p, fraction_refused);
@@ -1468,11 +1491,14 @@ class caching_allocator {
 
   // PyTorch's try_allocate_expandable_block, over every VMM segment of the pool: find free address
   // space, map what is unmapped in it, and return one free mapped block of at least `rounded`.
-  block_type* vmm_alloc_block(pool_type& p, std::size_t rounded, bool is_retry,
+  block_type* vmm_alloc_block(pool_type& p, std::size_t size, std::size_t rounded, bool is_retry,
                               bool& fraction_refused) {
     if constexpr (is_vmm_device_v<Device>) {
       if (is_retry) ++stats_.num_alloc_retries;
       fraction_refused = false;
+      // PyTorch checks its allocation size, the segment classic would obtain, whatever the policy.
+      const std::size_t alloc_size = detail::segment_size_for(rounded, config_.large_segment_size);
+      if (rejects_preemptively(alloc_size)) throw_rejection(size, rounded, alloc_size);
       block_type* c = find_vmm_candidate(p, rounded);
       segment_type* fresh = nullptr;
       const std::size_t page = vmm_page_size(p);
@@ -1507,7 +1533,7 @@ class caching_allocator {
       p.index.erase(c);
       return c;
     } else {
-      (void)p, (void)rounded, (void)is_retry, (void)fraction_refused;
+      (void)p, (void)size, (void)rounded, (void)is_retry, (void)fraction_refused;
       return nullptr;
     }
   }
@@ -2128,6 +2154,42 @@ class caching_allocator {
 
   // --- out of memory -----------------------------------------------------------------------------
 
+  // PyTorch's preemptive rejection (throw_on_cudamalloc_oom, alloc_block, 2.12 to 2.15): after the
+  // memory cap's own check, which wins (a miss the cap refuses takes the ordinary path: cache
+  // release, retry, out-of-memory), a miss whose segment would take the reserved bytes past the
+  // configured fraction of the device fails at once.
+  bool rejects_preemptively(std::size_t alloc_size) const noexcept {
+    if (!config_.throw_on_cudamalloc_oom) return false;
+    const std::size_t reserved = limited_total();
+    if (fraction_set_ && reserved + alloc_size > allowed_memory_maximum_) return false;
+    return reserved + alloc_size > rejection_limit_;
+  }
+
+  // No device call (not even the free-memory query), no cache release, no retry: num_ooms and
+  // the observer's oom event are left alone, as PyTorch leaves its OOM count and trace.
+  [[noreturn]] void throw_rejection(std::size_t size, std::size_t rounded, std::size_t alloc_size) {
+    ++stats_.num_oom_rejections;
+    out_of_memory::details n;
+    n.requested_bytes = size;
+    n.rounded_bytes = rounded;
+    n.device_request_bytes = alloc_size;
+    n.device_total_bytes = device_total_;
+    n.allocated_bytes = static_cast<std::size_t>(counts_.current(counter::allocated_bytes));
+    n.reserved_bytes = static_cast<std::size_t>(counts_.current(counter::reserved_bytes));
+    n.largest_free_block_bytes = largest_free_block();
+    for (const auto& sp : stream_pools_) {
+      static_cast<const pools_type&>(*sp).for_each(
+          [&](const pool_type& q) { n.free_cached_bytes += q.index.bytes(); });
+    }
+    n.device = device_.index();
+    n.preemptive_rejection = true;
+    n.limit_bytes = rejection_limit_;
+    n.counted_reserved_bytes = limited_total();
+    observer_error_ = nullptr;
+    throw out_of_memory(oom_rejection_message(n, config_.per_process_memory_fraction.value_or(1.0)),
+                        n);
+  }
+
   std::size_t largest_free_block() const noexcept {
     std::size_t largest = 0;
     for (const auto& sp : stream_pools_) {
@@ -2456,7 +2518,9 @@ class caching_allocator {
   bool fraction_set_ = false;
   double fraction_ = 1.0;
   std::size_t allowed_memory_maximum_ = 0;
-  std::size_t granularity_ = 0;  // VMM page size (VMM policies only)
+  std::size_t rejection_limit_ = 0;  // throw_on_cudamalloc_oom's limit (rejects_preemptively)
+  std::size_t device_total_ = 0;     // the device's memory, read once
+  std::size_t granularity_ = 0;      // VMM page size (VMM policies only)
   std::int64_t peak_seen_ = -1;
   std::int64_t allocated_at_peak_ = 0;
   // The VMM policies' pages and ranges (nothing on devices without virtual memory management).

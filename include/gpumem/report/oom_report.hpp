@@ -120,4 +120,20 @@ inline std::string oom_message(const oom_facts& f) {
   return msg;
 }
 
+/// The message of a preemptive rejection (throw_on_cudamalloc_oom): PyTorch's sentence, then
+/// why: the reserved bytes counted, the segment the miss needed, and the limit with the fraction
+/// and device total it comes from. Thread safety: pure function.
+inline std::string oom_rejection_message(const out_of_memory::details& n, double fraction) {
+  return fmt::format(
+      "CUDA out of memory. Allocation was preemptively rejected because it would exceed "
+      "per_process_memory_fraction limit. Requested size: {}.\n"
+      "gpumem: throw_on_cudamalloc_oom refused this request before asking the device: {} "
+      "reserved + a {} segment would exceed the limit of {} (per_process_memory_fraction {:.3g} "
+      "of the device's {}). The cache was not released; empty_cache() or freeing tensors makes "
+      "room, or set throw_on_cudamalloc_oom:False to release the cache and retry instead.",
+      format_size(n.requested_bytes), format_size(n.counted_reserved_bytes),
+      format_size(n.device_request_bytes), format_size(n.limit_bytes), fraction,
+      format_size(n.device_total_bytes));
+}
+
 }  // namespace gpumem

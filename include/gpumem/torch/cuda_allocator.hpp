@@ -67,6 +67,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -681,8 +682,12 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   }
 
 #if GPUMEM_TORCH_AT_LEAST(2, 12)
+  /// Called for each request that throw_on_cudamalloc_oom refuses, with PyTorch's arguments
+  /// (device, the segment the miss needed, the reserved bytes counted against the limit, the
+  /// device's total memory), on the allocating thread before torch.OutOfMemoryError is raised and
+  /// outside every allocator lock (PyTorch calls them on a detached thread). An observer's
+  /// exception is reported on stderr, as PyTorch logs it.
   void attachOomRejectionObserver(c10_alloc::OomRejectionObserver observer) override {
-    // gpumem never rejects a request early, so these observers are kept but never called.
     std::lock_guard<std::mutex> lock(observers_mutex_);
     rejection_observers_.push_back(std::move(observer));
   }
@@ -923,6 +928,9 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     out.num_sync_all_streams += in.num_sync_all_streams;
     out.num_device_alloc += in.num_device_alloc;
     out.num_device_free += in.num_device_free;
+#if GPUMEM_TORCH_AT_LEAST(2, 12)
+    out.num_oom_rejections += in.num_oom_rejections;
+#endif
     detail::copy_stat(in.oversize_allocations, out.oversize_allocations);
     detail::copy_stat(in.oversize_segments, out.oversize_segments);
   }
@@ -948,6 +956,9 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     out.num_sync_all_streams = in.num_sync_all_streams;
     out.num_device_alloc = in.num_device_alloc;
     out.num_device_free = in.num_device_free;
+#if GPUMEM_TORCH_AT_LEAST(2, 12)
+    out.num_oom_rejections = in.num_oom_rejections;
+#endif
     out.oversize_allocations = {in.oversize_allocations.current, in.oversize_allocations.peak,
                                 in.oversize_allocations.allocated, in.oversize_allocations.freed};
     out.oversize_segments = {in.oversize_segments.current, in.oversize_segments.peak,
@@ -975,8 +986,12 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
         ptr = allocate_routed(s, nbytes, stream);
         break;
       } catch (const out_of_memory& e) {
-        if (!retried && release_dead_pools_after_oom(s)) continue;
         pending_context().reset();
+        if (e.info().preemptive_rejection) {  // no retry: PyTorch frees nothing either
+          report_rejection(device, e);
+          TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
+        }
+        if (!retried && release_dead_pools_after_oom(s)) continue;
         report_oom(device, nbytes, e);
         TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
       } catch (const cuda_error& e) {
@@ -1054,14 +1069,32 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     // total) and the device's free memory.
     (void)nbytes;
     const auto& d = e.info();
-    const double fraction = state(device).main->memory_fraction();
-    const std::size_t allowed =
-        fraction < 1.0
-            ? static_cast<std::size_t>(fraction * static_cast<double>(d.device_total_bytes))
-            : d.device_total_bytes;
+    const std::optional<std::size_t> cap = state(device).main->memory_cap_bytes();
+    const std::size_t allowed = cap && *cap < d.device_total_bytes ? *cap : d.device_total_bytes;
     for (const auto& observer : observers) {
       observer(device, d.device_request_bytes, allowed, d.device_free_bytes);
     }
+  }
+
+  // PyTorch's arguments for the OOM rejection observers. Never throws.
+  void report_rejection(c10::DeviceIndex device, const out_of_memory& e) noexcept {
+#if GPUMEM_TORCH_AT_LEAST(2, 12)
+    const auto& d = e.info();
+    std::vector<c10_alloc::OomRejectionObserver> observers;
+    try {
+      std::lock_guard<std::mutex> lock(observers_mutex_);
+      observers = rejection_observers_;
+    } catch (...) {
+      return;
+    }
+    for (const auto& observer : observers) {
+      detail::reporting_failure("OOM rejection observer", [&] {
+        observer(device, d.device_request_bytes, d.counted_reserved_bytes, d.device_total_bytes);
+      });
+    }
+#else
+    (void)device, (void)e;
+#endif
   }
 
   // Frees `ptr` in whichever allocator has it: the hinted device's default pool first.

@@ -34,6 +34,15 @@ C10_CUDA_API void setHasPrimaryContext(bool (*func)(DeviceIndex));
 
 namespace gpumem::peers {
 
+// DeviceStats::num_oom_rejections exists from torch 2.12 (throw_on_cudamalloc_oom).
+template <class Stats>
+auto append_oom_rejections(stat_list& list, const Stats& s, int)
+    -> decltype(s.num_oom_rejections, void()) {
+  list.emplace_back("pytorch_num_oom_rejections", std::to_string(s.num_oom_rejections));
+}
+template <class Stats>
+void append_oom_rejections(stat_list&, const Stats&, long) {}
+
 class pytorch_peer {
  public:
   explicit pytorch_peer(const std::string& config) {
@@ -90,16 +99,19 @@ class pytorch_peer {
 
   stat_list own_stats() const {
     const c10::CachingDeviceAllocator::DeviceStats s = stats();
-    return {{"torch_version", json_string(GPUMEM_TORCH_VERSION)},
-            {"pytorch_reserved_peak_bytes", std::to_string(s.reserved_bytes[aggregate].peak)},
-            {"pytorch_reserved_bytes", std::to_string(s.reserved_bytes[aggregate].current)},
-            {"pytorch_allocated_peak_bytes", std::to_string(s.allocated_bytes[aggregate].peak)},
-            {"pytorch_segments_peak", std::to_string(s.segment[aggregate].peak)},
-            {"pytorch_num_device_alloc", std::to_string(s.num_device_alloc)},
-            {"pytorch_num_device_free", std::to_string(s.num_device_free)},
-            {"pytorch_num_alloc_retries", std::to_string(s.num_alloc_retries)},
-            {"pytorch_num_ooms", std::to_string(s.num_ooms)},
-            {"pytorch_num_sync_all_streams", std::to_string(s.num_sync_all_streams)}};
+    stat_list list{
+        {"torch_version", json_string(GPUMEM_TORCH_VERSION)},
+        {"pytorch_reserved_peak_bytes", std::to_string(s.reserved_bytes[aggregate].peak)},
+        {"pytorch_reserved_bytes", std::to_string(s.reserved_bytes[aggregate].current)},
+        {"pytorch_allocated_peak_bytes", std::to_string(s.allocated_bytes[aggregate].peak)},
+        {"pytorch_segments_peak", std::to_string(s.segment[aggregate].peak)},
+        {"pytorch_num_device_alloc", std::to_string(s.num_device_alloc)},
+        {"pytorch_num_device_free", std::to_string(s.num_device_free)},
+        {"pytorch_num_alloc_retries", std::to_string(s.num_alloc_retries)},
+        {"pytorch_num_ooms", std::to_string(s.num_ooms)},
+        {"pytorch_num_sync_all_streams", std::to_string(s.num_sync_all_streams)}};
+    append_oom_rejections(list, s, 0);
+    return list;
   }
 
  private:
