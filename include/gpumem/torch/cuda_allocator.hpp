@@ -3,8 +3,8 @@
 // asks PyTorch's allocator keeps working: torch.cuda.memory_stats / memory_summary /
 // max_memory_reserved / empty_cache / set_per_process_memory_fraction, snapshots and memory
 // history, cudnn.benchmark's cacheInfo, ProcessGroupNCCL's segment registration (trace trackers),
-// CUDA-graph private pools, torch.cuda.MemPool / use_mem_pool (nested too) and IPC (classic
-// policy).
+// CUDA-graph private pools, torch.cuda.MemPool / use_mem_pool (nested too) with use_on_oom and
+// no_split, torch.cuda.caching_allocator_enable(False) and IPC (classic policy).
 //
 //   gpumem::torch::install();                          // before the first CUDA tensor
 //   gpumem::torch::install("policy:stitch,max_split_size_mb:256");
@@ -12,9 +12,11 @@
 // Structure (private pool: docs/architecture.md, "Vocabulary"): one
 // caching_allocator<cuda_vmm_device> per GPU serves PyTorch's default pool; every private pool
 // (MempoolId: a CUDA graph's, a torch.cuda.MemPool) gets its own caching_allocator on that GPU,
-// so its blocks are never handed to anyone else. Device
-// statistics add the pools up: current values and totals exactly, peaks as the sum of each
-// allocator's peak (an upper bound).
+// so its blocks are never handed to anyone else, except that the default pool's miss may borrow
+// a cached block of a pool marked use-on-OOM (the block stays that pool's). A no_split pool's
+// allocator runs the classic policy and never splits. Device statistics add the pools up: current
+// values and totals exactly, peaks as the sum of each allocator's peak (an upper bound). With
+// caching disabled (enable(false)) allocations are plain cudaMalloc, outside every allocator.
 //
 // Compiles against torch 2.8 through 2.15 (TORCH_VERSION_MAJOR/MINOR guards). Needs c10 and
 // c10_cuda only (the headers under the wheel's torch/include and libc10_cuda.so); link
@@ -24,7 +26,7 @@
 // PyTorch's own exception types (c10::OutOfMemoryError, c10::Error), so Python sees
 // torch.OutOfMemoryError and RuntimeError as with PyTorch's allocator; what gpumem cannot do
 // throws c10::Error "not supported by gpumem: <reason>", at the call that asks for it (a MemPool
-// option: when the pool is made). What PyTorch calls from destructors (MemPool's, CUDAGraph's, a
+// with its own allocator: when the pool is made). What PyTorch calls from destructors (MemPool's, CUDAGraph's, a
 // tensor's deleter: releasePool, emptyCache of a pool, setUseOnOOM(false), the DataPtr deleter)
 // never throws; a failure there is reported on stderr.
 #pragma once
