@@ -185,7 +185,6 @@ struct private_pool {
   mempool_id id{0, 0};
   std::unique_ptr<device_allocator> allocator;
   int use_count = 1;
-  bool fresh = true;  // made by createOrIncrefPool and not used since (no other reference to it)
   std::function<bool(cudaStream_t)> filter;  // set between beginAllocateToPool and end
 };
 
@@ -459,7 +458,6 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
       ++p->use_count;
       p->allocator->set_memory_fixed(true);
     }
-    p->fresh = false;
     p->filter = std::move(filter);
     s.active.push_back(p);
     s.allocating_to_pools.store(static_cast<int>(s.active.size()), std::memory_order_release);
@@ -867,7 +865,6 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     std::lock_guard<std::mutex> lock(s.pools_mutex);
     if (detail::private_pool* p = find_pool(s, id)) {
       ++p->use_count;
-      p->fresh = false;
       p->allocator->set_memory_fixed(true);
     } else {
       make_pool(s, id);
