@@ -3,6 +3,7 @@
 // allocate / deallocate / record_stream / empty_cache / event completion, for every policy and
 // several configurations. One typed suite: each policy the library offers is a type here.
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -33,6 +34,13 @@ class AllocatorInvariants : public ::testing::Test {
     return config(std::string("policy:") + Policy::name + (extra.empty() ? "" : "," + extra));
   }
 
+  // Variants: every block unsplit (set_no_split, MemPool(no_split=True)); a second allocator on
+  // the device (a pool marked use-on-OOM) that a quarter of the requests go to and that lends its
+  // cached blocks on the first allocator's out-of-memory (set_out_of_memory_fallback).
+  bool no_split_ = false;
+  bool with_lender_ = false;
+  int borrowed_ = 0;  // allocations of the first allocator the lender served
+
   // One randomized sequence; returns the number of operations that hit out_of_memory.
   int run_sequence(std::uint64_t seed, const std::string& extra, int operations) {
     simulated_device dev{device_options(2 * GiB, gpumem::event_completion::manual)};
@@ -40,6 +48,15 @@ class AllocatorInvariants : public ::testing::Test {
     int ooms = 0;
     {
       allocator a(dev, make_config(extra));
+      a.set_no_split(no_split_);
+      std::unique_ptr<allocator> lender;
+      if (with_lender_) {
+        lender = std::make_unique<allocator>(dev, make_config(extra));
+        a.set_out_of_memory_fallback([&lender](std::size_t size, auto stream) {
+          return lender->allocate_cached(size, stream);
+        });
+      }
+      auto owner = [&](void* p) -> allocator& { return lender && lender->owns(p) ? *lender : a; };
       std::vector<decltype(dev.create_stream())> streams{dev.default_stream(), dev.create_stream(),
                                                          dev.create_stream()};
       std::vector<void*> live;
@@ -64,31 +81,39 @@ class AllocatorInvariants : public ::testing::Test {
       for (int op = 0; op < operations; ++op) {
         const unsigned kind = static_cast<unsigned>(rng() % 100);
         if (kind < 50 || live.empty()) {
+          allocator& to = lender && rng() % 4 == 0 ? *lender : a;
           try {
-            live.push_back(a.allocate(random_size(), streams[rng() % streams.size()]));
+            live.push_back(to.allocate(random_size(), streams[rng() % streams.size()]));
+            if (&to == &a && lender && lender->owns(live.back())) ++borrowed_;
           } catch (const gpumem::out_of_memory&) {
             ++ooms;
           }
         } else if (kind < 88) {
           const std::size_t i = rng() % live.size();
-          a.deallocate(live[i]);
+          owner(live[i]).deallocate(live[i]);
           live[i] = live.back();
           live.pop_back();
         } else if (kind < 95) {
-          a.record_stream(live[rng() % live.size()], streams[rng() % streams.size()]);
+          void* p = live[rng() % live.size()];
+          owner(p).record_stream(p, streams[rng() % streams.size()]);
         } else if (kind < 98) {
           dev.complete_stream(streams[rng() % streams.size()]);
         } else {
           a.empty_cache();
+          if (lender) lender->empty_cache();
         }
         a.check_invariants();
+        if (lender) lender->check_invariants();
       }
-      for (void* p : live) a.deallocate(p);
+      for (void* p : live) owner(p).deallocate(p);
       dev.complete_all();
-      a.empty_cache();
-      a.check_invariants();
-      EXPECT_EQ(a.stats().reserved_bytes[0].current, 0);
-      EXPECT_EQ(a.stats().allocated_bytes[0].current, 0);
+      for (allocator* x : {&a, lender.get()}) {
+        if (x == nullptr) continue;
+        x->empty_cache();
+        x->check_invariants();
+        EXPECT_EQ(x->stats().reserved_bytes[0].current, 0);
+        EXPECT_EQ(x->stats().allocated_bytes[0].current, 0);
+      }
     }
     EXPECT_EQ(dev.bytes_in_use(), 0u);
     return ooms;
@@ -130,6 +155,21 @@ TYPED_TEST(AllocatorInvariants, PowerOfTwoDivisions) {
 }
 TYPED_TEST(AllocatorInvariants, FractionWithGarbageCollection) {
   this->run_many("per_process_memory_fraction:0.6,garbage_collection_threshold:0.5");
+}
+TYPED_TEST(AllocatorInvariants, NoSplit) {
+  if (std::string(TypeParam::name) == "stitch") {
+    simulated_device dev{device_options(GiB)};
+    allocator a(dev, this->make_config(""));
+    EXPECT_THROW(a.set_no_split(true), gpumem::usage_error);  // size classes need splits
+    return;
+  }
+  this->no_split_ = true;
+  this->run_many("");
+}
+TYPED_TEST(AllocatorInvariants, OutOfMemoryFallbackToALender) {
+  this->with_lender_ = true;
+  this->run_many("");
+  EXPECT_GT(this->borrowed_, 0);
 }
 TYPED_TEST(AllocatorInvariants, EverythingAtOnce) {
   this->run_many(

@@ -5,9 +5,9 @@ CUDA allocator (libgpumem_torch.so loaded) or with PyTorch's own allocator.
 
 Every test runs a fresh Python on the simulator (test_plugin.run) and fails when that Python fails,
 aborts included. The same checks run under both allocators, since what PyTorch's allocator does
-with a pool is what gpumem must do; where gpumem refuses a pool option (use_on_oom, no_split, a
-pool with its own allocator) the gpumem run checks the refusal, a clear RuntimeError when the pool
-is made, and the PyTorch run checks what PyTorch does with it.
+with a pool is what gpumem must do; where gpumem refuses a pool option (a pool with its own
+allocator) the gpumem run checks the refusal, a clear RuntimeError when the pool is made, and the
+PyTorch run checks what PyTorch does with it.
 
 MemPoolTest holds gpumem's own checks. PyTorchTestMemPool repeats PyTorch's TestMemPool
 (test/test_cuda.py) test by test, with torch.empty where PyTorch's test launches a kernel (the
@@ -26,10 +26,13 @@ DUMMY = ""
 GPUMEM = True
 
 PRELUDE = """
+import os
 import threading
 from collections import defaultdict
 GPUMEM = {gpumem!r}
 DUMMY = {dummy!r}
+# Blocks laid out as PyTorch's allocator lays them out: PyTorch's, or gpumem's classic policy.
+PYTORCH_LAYOUT = not GPUMEM or os.environ.get("GPUMEM_ALLOC_CONF") == "policy:classic"
 nelem_1mb = 1024 * 1024 // 4
 
 def e(nbytes=MiB):
@@ -81,6 +84,14 @@ def run_check(case, code, env=None):
     if GPUMEM:
         case.assertNotIn("gpumem: ", err)
     return out, err
+
+
+def run_check_policies(case, code):
+    """run_check, and for gpumem once more under the classic policy, whose layout of blocks is
+    PyTorch's (PYTORCH_LAYOUT): the checks that depend on the layout run there."""
+    run_check(case, code)
+    if GPUMEM:
+        run_check(case, code, {"GPUMEM_ALLOC_CONF": "policy:classic"})
 
 
 class MemPoolTest(unittest.TestCase):
@@ -207,21 +218,20 @@ class MemPoolTest(unittest.TestCase):
                 assert blocks_in(pools[i].id) == {out[i].data_ptr()}
         """)
 
-    def test_pool_options_gpumem_cannot_honour_are_refused_when_the_pool_is_made(self):
+    def test_a_pool_with_its_own_allocator_is_refused_when_it_is_made(self):
         self.check("""
             alloc, called_alloc, called_free = dummy_allocator()
             if GPUMEM:
-                refused(lambda: torch.cuda.MemPool(use_on_oom=True), "use_on_oom=True")
-                refused(lambda: torch.cuda.MemPool(no_split=True), "no_split=True")
                 refused(lambda: torch.cuda.MemPool(alloc.allocator()), "its own allocator")
+                refused(lambda: torch.cuda.MemPool(alloc.allocator(), use_on_oom=True),
+                        "its own allocator")
                 assert called_alloc.value == 0
             else:
-                for p in (torch.cuda.MemPool(use_on_oom=True), torch.cuda.MemPool(no_split=True),
-                          torch.cuda.MemPool(alloc.allocator())):
-                    with torch.cuda.use_mem_pool(p):
-                        x = e()
-                    assert pool_of(x) == p.id
-                    del x, p
+                p = torch.cuda.MemPool(alloc.allocator())
+                with torch.cuda.use_mem_pool(p):
+                    x = e()
+                assert pool_of(x) == p.id
+                del x, p
                 assert called_alloc.value == 123
             # Nothing was left half made: pools still work, and the process ends normally.
             p = torch.cuda.MemPool()
@@ -231,6 +241,82 @@ class MemPoolTest(unittest.TestCase):
             del p, x
             torch.cuda.empty_cache()
             assert torch.cuda.memory_reserved() == 0
+        """)
+
+    def test_use_on_oom_lends_a_cached_block_of_the_pool_before_the_cache_is_freed(self):
+        # PyTorch's test_mempool_limited_memory_with_allocator without the pool's own allocator,
+        # and the statistics: the borrowed block is no out-of-memory and no retry.
+        run_check_policies(self, """
+            pool_do_not_use = torch.cuda.MemPool()
+            pool_use = torch.cuda.MemPool(use_on_oom=True)
+            torch.cuda.empty_cache()
+            _, all_memory = torch.cuda.mem_get_info()
+            torch.cuda.set_per_process_memory_fraction(80 * MiB / all_memory)
+            with torch.cuda.use_mem_pool(pool_do_not_use):
+                a = e(40 * MiB)
+            with torch.cuda.use_mem_pool(pool_use):
+                b = e(40 * MiB)
+            b_ptr = b.data_ptr()
+            try:
+                e(40 * MiB)
+                raise AssertionError("no out-of-memory error")
+            except torch.OutOfMemoryError:
+                pass
+            del a, b
+            before = torch.cuda.memory_stats()
+            c = e(30 * MiB)                                # from pool_use's cache
+            after = torch.cuda.memory_stats()
+            assert c.data_ptr() == b_ptr
+            assert pool_of(c) == pool_use.id
+            assert c.data_ptr() in blocks_in(pool_use.id)
+            for key in ("num_ooms", "num_alloc_retries", "reserved_bytes.all.current"):
+                assert after[key] == before[key], (key, before[key], after[key])
+            assert after["allocated_bytes.all.current"] == 30 * MiB
+            try:
+                e(30 * MiB)                                # pool_do_not_use lends nothing
+                raise AssertionError("no out-of-memory error")
+            except torch.OutOfMemoryError:
+                pass
+            del c                                          # back to pool_use
+            assert not blocks_in(pool_use.id)
+            with torch.cuda.use_mem_pool(pool_use):
+                f = e(20 * MiB)
+            if PYTORCH_LAYOUT:                             # stitch maps the pages anew
+                assert f.data_ptr() == b_ptr
+            del f
+            s = torch.cuda.memory_stats()
+            assert (s["num_ooms"], s["num_alloc_retries"]) == (2, 2), s
+            assert s["reserved_bytes.all.current"] == 80 * MiB
+            # Destroyed, the pool lends nothing: its cache goes back and the default pool allocates.
+            del pool_use
+            g = e(30 * MiB)
+            assert pool_of(g) == (0, 0)
+            del g, pool_do_not_use
+            torch.cuda.empty_cache()
+            torch.cuda.set_per_process_memory_fraction(1.0)
+        """)
+
+    def test_caching_allocator_enable_false_gives_each_tensor_its_own_cuda_malloc(self):
+        run_check_policies(self, """
+            x = e(3 * MiB)                                 # cached
+            torch.cuda.caching_allocator_enable(False)
+            c0 = counters()
+            y = e(5 * MiB)
+            c1 = counters()
+            assert c1.malloc == c0.malloc + 1
+            assert torch.cuda.memory_allocated() == 3 * MiB    # y is not counted
+            del x                                          # back to the cache, not cudaFree
+            assert counters().free == c1.free
+            assert torch.cuda.memory_allocated() == 0
+            del y
+            assert counters().free == c1.free + 1
+            z = e(7 * MiB)
+            torch.cuda.caching_allocator_enable(True)
+            del z                                          # allocated uncached: cudaFree'd
+            assert counters().free == c1.free + 2
+            assert counters().bytes_in_use == c0.bytes_in_use
+            w = e()
+            assert torch.cuda.memory_allocated() == MiB
         """)
 
     def test_the_process_ends_normally_with_live_pools_and_their_tensors(self):
@@ -354,7 +440,6 @@ class PyTorchTestMemPool(unittest.TestCase):
             allocator, _, _ = dummy_allocator()
             if GPUMEM:
                 refused(lambda: torch.cuda.MemPool(allocator.allocator()), "its own allocator")
-                refused(lambda: torch.cuda.MemPool(use_on_oom=True), "use_on_oom=True")
                 raise SystemExit(0)
             pool_do_not_use = torch.cuda.MemPool(allocator.allocator())
             pool_use = torch.cuda.MemPool(allocator.allocator(), use_on_oom=True)
@@ -395,11 +480,8 @@ class PyTorchTestMemPool(unittest.TestCase):
         """)
 
     def test_mempool_no_split(self):
-        self.check("""
+        run_check_policies(self, """
             torch.cuda.empty_cache()
-            if GPUMEM:
-                refused(lambda: torch.cuda.MemPool(no_split=True), "no_split=True")
-                raise SystemExit(0)
             pool_split = torch.cuda.MemPool()
             pool_no_split = torch.cuda.MemPool(no_split=True)
             with torch.cuda.use_mem_pool(pool_split):
@@ -414,7 +496,18 @@ class PyTorchTestMemPool(unittest.TestCase):
             for seg in pool_no_split.snapshot():
                 assert len(seg["blocks"]) == 1
             count = lambda p: sum(len(seg["blocks"]) for seg in p.snapshot())
-            assert count(pool_no_split) < count(pool_split)
+            if PYTORCH_LAYOUT:   # stitch leaves no free remainder in the split pool's segment
+                assert count(pool_no_split) < count(pool_split)
+            # gpumem: a no_split pool's segments are PyTorch's, whatever the policy.
+            sizes = sorted(seg["total_size"] for seg in pool_no_split.snapshot())
+            assert sizes == [20 * MiB, 20 * MiB], sizes
+            assert not any(seg["is_expandable"] for seg in pool_no_split.snapshot())
+            del a_no_split                                 # reused whole by a smaller request
+            with torch.cuda.use_mem_pool(pool_no_split):
+                c_no_split = torch.empty(3 * nelem_1mb, device="cuda")
+            assert len(pool_no_split.snapshot()) == 2
+            for seg in pool_no_split.snapshot():
+                assert [b["state"] for b in seg["blocks"]] == ["active_allocated"], seg
         """)
 
     def test_deleted_mempool_not_used_on_oom(self):

@@ -351,6 +351,9 @@ class caching_allocator {
   using stream_type = typename Device::stream_type;
   using event_type = typename Device::event_type;
   using event_observer = std::function<void(const allocator_event<stream_type>&)>;
+  /// Serves a request from memory outside this allocator when its own is exhausted (see
+  /// set_out_of_memory_fallback): returns a pointer, or nullptr when it cannot.
+  using out_of_memory_fallback = std::function<void*(std::size_t size, stream_type stream)>;
 
   /// Uses `config` as given (see allocator_config::resolve to combine it with the environment).
   /// Throws config_error when a setting is out of range (allocator_config::validate).
@@ -429,7 +432,10 @@ class caching_allocator {
     const std::size_t rounded = detail::round_size(size, config_.divisions_for(size));
     pool_type& p = pool_for(lookup_pools(stream), rounded);
     block_type* b = get_free_block(p, rounded);
-    if (b == nullptr) b = allocate_new_block(p, size, rounded);
+    if (b == nullptr) {
+      b = allocate_new_block(p, size, rounded);
+      if (b == nullptr) return std::exchange(fallback_ptr_, nullptr);  // served elsewhere
+    }
     void* ptr = alloc_found_block(b, *b->owner, rounded, size);  // stitch may borrow another's
     if (observer_) {
       report_reserved_changes();
@@ -446,6 +452,61 @@ class caching_allocator {
 
   /// allocate(size, device.default_stream()).
   void* allocate(std::size_t size) { return allocate(size, device_.default_stream()); }
+
+  /// Allocates `size` bytes on `stream` from the cache only: a free block this allocator already
+  /// holds (stitch: of any size class of the stream), never new device memory, nothing released.
+  /// Returns nullptr when no cached block fits (and for size 0). What a pool marked use-on-OOM
+  /// lends on another allocator's out-of-memory (PyTorch's try_mempool_fallback); the block stays
+  /// this allocator's and returns here when freed. Throws what allocate throws for an observer.
+  void* allocate_cached(std::size_t size, stream_type stream) {
+    if (size == 0 || size > detail::k_max_request) return nullptr;
+    std::lock_guard<detail::spin_mutex> lock(mutex_);
+    observer_error_ = nullptr;
+    if (captures_underway_ == 0 && (!pending_events_.empty() || !deferred_.empty())) {
+      process_events();
+    }
+    const std::size_t rounded = detail::round_size(size, config_.divisions_for(size));
+    pool_type& p = pool_for(lookup_pools(stream), rounded);
+    block_type* b = get_free_block(p, rounded);
+    if (b == nullptr && policy_ == allocator_policy::stitch && !p.is_small) {
+      b = borrow_block(p, rounded, true);
+    }
+    if (b == nullptr) return nullptr;
+    void* ptr = alloc_found_block(b, *b->owner, rounded, size);
+    if (observer_) {
+      notify(allocator_action::alloc, reinterpret_cast<std::uintptr_t>(ptr), size, stream);
+      if (observer_error_) {
+        release_allocated(allocated_.erase(reinterpret_cast<std::uintptr_t>(ptr)));
+        rethrow_observer_error();
+      }
+    }
+    return ptr;
+  }
+
+  /// Where a miss goes when the device refuses its first request, before this allocator frees any
+  /// cached memory (PyTorch's order for pools marked use-on-OOM): `fallback` may serve it from
+  /// memory outside this allocator (allocate then returns its pointer, which this allocator does
+  /// not own: free it where it came from); when it returns nullptr the miss goes on (release the
+  /// cache, retry, out_of_memory). Called with this allocator's lock held: it must not call this
+  /// allocator. Called during a capture too; never for requests above the largest possible. An
+  /// empty function removes it.
+  void set_out_of_memory_fallback(out_of_memory_fallback fallback) {
+    std::lock_guard<detail::spin_mutex> lock(mutex_);
+    oom_fallback_ = std::move(fallback);
+  }
+
+  /// Never split a block (PyTorch's MemPool(no_split=True)): every request takes a whole free
+  /// block, and a miss a whole new segment (expandable: the whole run it mapped). Throws
+  /// usage_error under stitch, whose size-class pools hold only blocks of their class.
+  void set_no_split(bool no_split) {
+    std::lock_guard<detail::spin_mutex> lock(mutex_);
+    if (no_split && policy_ == allocator_policy::stitch) {
+      throw usage_error(
+          "gpumem: set_no_split under the stitch policy: a whole block of one size class cannot "
+          "serve a request of another (use classic or expandable)");
+    }
+    no_split_ = no_split;
+  }
 
   /// Frees memory returned by allocate. nullptr is ignored. Throws usage_error (and changes
   /// nothing) when `ptr` is not an allocation of this allocator, including a second free.
@@ -1056,8 +1117,15 @@ class caching_allocator {
     return rounded >= max_split && block_size - rounded >= config_.max_non_split_rounding;
   }
 
-  // PyTorch's miss path: GC, then the device, then free one oversize block and retry, then free
-  // the whole cache and retry; then out_of_memory.
+  // PyTorch's try_mempool_fallback: the out-of-memory fallback's pointer is kept for allocate.
+  bool try_fallback(std::size_t size, stream_type stream) {
+    fallback_ptr_ = oom_fallback_(size, stream);
+    return fallback_ptr_ != nullptr;
+  }
+
+  // PyTorch's miss path: GC, then the device, then the out-of-memory fallback (pools marked
+  // use-on-OOM), then free one oversize block and retry, then free the whole cache and retry; then
+  // out_of_memory. Returns nullptr when the fallback served the request (fallback_ptr_).
   block_type* allocate_new_block(pool_type& p, std::size_t size, std::size_t rounded) {
     if (vmm_policy()) return vmm_allocate_new_block(p, size, rounded);
     const std::size_t seg_size = detail::segment_size_for(rounded, config_.large_segment_size);
@@ -1065,6 +1133,7 @@ class caching_allocator {
     if (gc_enabled() && may_release_memory) garbage_collect_cached_blocks();
     bool fraction_refused = false;
     block_type* b = alloc_block(p, size, rounded, seg_size, false, fraction_refused);
+    if (b == nullptr && oom_fallback_ && try_fallback(size, p.stream)) return nullptr;
     if (b == nullptr && may_release_memory && release_available_cached_blocks(p, rounded)) {
       b = alloc_block(p, size, rounded, seg_size, false, fraction_refused);
     }
@@ -1215,8 +1284,9 @@ class caching_allocator {
     // VMM segments split any remainder of at least 512 B (PyTorch's rule for expandable segments)
     // and are left out of inactive_split, as in PyTorch.
     const bool vmm = vmm_policy();  // every segment of a VMM policy is a VMM segment
-    if (vmm ? b->size - rounded >= detail::k_min_block_size
-            : detail::should_split(b->size, rounded, p.is_small, config_.max_split_size)) {
+    if (!no_split_ &&
+        (vmm ? b->size - rounded >= detail::k_min_block_size
+             : detail::should_split(b->size, rounded, p.is_small, config_.max_split_size))) {
       block_type* remaining = b;
       b = block_pool_.create(remaining->ptr, rounded, &p, remaining->seg);
       b->prev = remaining->prev;
@@ -1413,7 +1483,7 @@ class caching_allocator {
   // Miss path of the VMM policies: the same retry order as classic (PyTorch releases the whole
   // cache, unmapping free pages, before its one retry). Stitch's large requests first borrow from
   // another class (if theirs has freed blocks), and borrow any block that fits when growing fails,
-  // before the cache is given up.
+  // before the out-of-memory fallback and before the cache is given up.
   block_type* vmm_allocate_new_block(pool_type& p, std::size_t size, std::size_t rounded) {
     if (policy_ == allocator_policy::stitch) note_requested_high_water(size);
     const bool stitch_large = policy_ == allocator_policy::stitch && !p.is_small;
@@ -1423,6 +1493,7 @@ class caching_allocator {
     bool fraction_refused = false;
     block_type* b = vmm_alloc_block(p, size, rounded, false, fraction_refused);
     if (b == nullptr && stitch_large) b = borrow_block(p, rounded, true);
+    if (b == nullptr && oom_fallback_ && try_fallback(size, p.stream)) return nullptr;
     if (b == nullptr && may_release()) {
       release_cached_blocks();
       b = vmm_alloc_block(p, size, rounded, true, fraction_refused);
@@ -2507,6 +2578,7 @@ class caching_allocator {
   std::vector<block_type*> set_aside_;  // get_free_block's blocks to put back (stitch, capture)
   int captures_underway_ = 0;           // begin_capture minus end_capture
   bool memory_fixed_ = false;           // set_memory_fixed
+  bool no_split_ = false;               // set_no_split
   std::shared_ptr<detail::reserved_ledger> ledger_;  // share_memory_limit_with
 
   detail::pool_counters counts_;  // the per-pool stat arrays
@@ -2533,6 +2605,8 @@ class caching_allocator {
   event_observer observer_;                      // set_event_observer; empty: nobody listens
   bool reserved_events_ = false;                 // set_reserved_events, under stitch
   std::vector<reserved_range<stream_type>> reserved_reported_;  // report_reserved_changes
+  out_of_memory_fallback oom_fallback_;                         // set_out_of_memory_fallback
+  void* fallback_ptr_ = nullptr;               // what oom_fallback_ gave the current miss
   mutable std::exception_ptr observer_error_;  // the first exception an observer threw (notify)
 };
 

@@ -3,8 +3,8 @@
 // asks PyTorch's allocator keeps working: torch.cuda.memory_stats / memory_summary /
 // max_memory_reserved / empty_cache / set_per_process_memory_fraction, snapshots and memory
 // history, cudnn.benchmark's cacheInfo, ProcessGroupNCCL's segment registration (trace trackers),
-// CUDA-graph private pools, torch.cuda.MemPool / use_mem_pool (nested too) and IPC (classic
-// policy).
+// CUDA-graph private pools, torch.cuda.MemPool / use_mem_pool (nested too) with use_on_oom and
+// no_split, torch.cuda.caching_allocator_enable(False) and IPC (classic policy).
 //
 //   gpumem::torch::install();                          // before the first CUDA tensor
 //   gpumem::torch::install("policy:stitch,max_split_size_mb:256");
@@ -12,9 +12,11 @@
 // Structure (private pool: docs/architecture.md, "Vocabulary"): one
 // caching_allocator<cuda_vmm_device> per GPU serves PyTorch's default pool; every private pool
 // (MempoolId: a CUDA graph's, a torch.cuda.MemPool) gets its own caching_allocator on that GPU,
-// so its blocks are never handed to anyone else. Device
-// statistics add the pools up: current values and totals exactly, peaks as the sum of each
-// allocator's peak (an upper bound).
+// so its blocks are never handed to anyone else, except that the default pool's miss may borrow
+// a cached block of a pool marked use-on-OOM (the block stays that pool's). A no_split pool's
+// allocator runs the classic policy and never splits. Device statistics add the pools up: current
+// values and totals exactly, peaks as the sum of each allocator's peak (an upper bound). With
+// caching disabled (enable(false)) allocations are plain cudaMalloc, outside every allocator.
 //
 // Compiles against torch 2.8 through 2.15 (TORCH_VERSION_MAJOR/MINOR guards). Needs c10 and
 // c10_cuda only (the headers under the wheel's torch/include and libc10_cuda.so); link
@@ -24,9 +26,9 @@
 // PyTorch's own exception types (c10::OutOfMemoryError, c10::Error), so Python sees
 // torch.OutOfMemoryError and RuntimeError as with PyTorch's allocator; what gpumem cannot do
 // throws c10::Error "not supported by gpumem: <reason>", at the call that asks for it (a MemPool
-// option: when the pool is made). What PyTorch calls from destructors (MemPool's, CUDAGraph's, a
-// tensor's deleter: releasePool, emptyCache of a pool, setUseOnOOM(false), the DataPtr deleter)
-// never throws; a failure there is reported on stderr.
+// with its own allocator: when the pool is made). What PyTorch calls from destructors (MemPool's,
+// CUDAGraph's, a tensor's deleter: releasePool, emptyCache of a pool, setUseOnOOM(false), the
+// DataPtr deleter) never throws; a failure there is reported on stderr.
 #pragma once
 
 #if __has_include(<torch/headeronly/version.h>)
@@ -79,6 +81,7 @@
 
 #include "gpumem/config.hpp"
 #include "gpumem/core/caching_allocator.hpp"
+#include "gpumem/detail/format.hpp"
 #include "gpumem/device/cuda_vmm_device.hpp"
 #include "gpumem/error.hpp"
 
@@ -115,6 +118,7 @@ inline std::atomic<cuda_allocator*>& installed_slot() noexcept {
 }
 
 void raw_delete(void* ptr) noexcept;
+void uncached_delete(void* ptr) noexcept;
 
 [[noreturn]] inline void not_supported(const std::string& what, const std::string& why) {
   TORCH_CHECK(false, "gpumem: ", what, " is not supported by gpumem: ", why);
@@ -190,7 +194,6 @@ struct private_pool {
   mempool_id id{0, 0};
   std::unique_ptr<device_allocator> allocator;
   int use_count = 1;
-  bool fresh = true;  // made by createOrIncrefPool and not used since (no other reference to it)
   std::function<bool(cudaStream_t)> filter;  // set between beginAllocateToPool and end
 };
 
@@ -209,6 +212,13 @@ struct device_state {
   std::vector<private_pool*> active;
   std::atomic<int> allocating_to_pools{0};  // active.size(), read without the lock
   std::vector<int> peers;                   // devices given access (enablePeerAccess)
+  // The live pools marked use-on-OOM (MemPool(use_on_oom=True)), in the order marked: on an
+  // out-of-memory of the default pool, each lends a cached block (main's fallback). Its own mutex,
+  // since main's fallback runs under main's lock, which pools_mutex holders take after theirs.
+  // Lock order: pools_mutex, then use_on_oom_mutex; main's lock, then use_on_oom_mutex, then a
+  // pool's lock.
+  std::mutex use_on_oom_mutex;
+  std::vector<private_pool*> use_on_oom;
 };
 
 }  // namespace detail
@@ -239,6 +249,10 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
 
   c10::DataPtr allocate(size_t nbytes) override {
     const c10::DeviceIndex device = c10::cuda::current_device();
+    if (!enabled_.load(std::memory_order_relaxed)) {
+      void* ptr = uncached_allocate(device, nbytes);
+      return {ptr, ptr, &detail::uncached_delete, c10::Device(c10::DeviceType::CUDA, device)};
+    }
     void* ptr = nullptr;
     if (nbytes != 0) {
       ptr = malloc_on(device, nbytes, c10::cuda::getCurrentCUDAStream(device).stream());
@@ -328,18 +342,24 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   void* raw_alloc(size_t nbytes) override {
     if (nbytes == 0) return nullptr;
     const c10::DeviceIndex device = c10::cuda::current_device();
+    if (!enabled_.load(std::memory_order_relaxed)) return uncached_allocate(device, nbytes);
     return malloc_on(device, nbytes, c10::cuda::getCurrentCUDAStream(device).stream());
   }
 
   void* raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override {
     if (nbytes == 0) return nullptr;
-    return malloc_on(c10::cuda::current_device(), nbytes, stream);
+    const c10::DeviceIndex device = c10::cuda::current_device();
+    if (!enabled_.load(std::memory_order_relaxed)) return uncached_allocate(device, nbytes);
+    return malloc_on(device, nbytes, stream);
   }
 
+  /// Frees memory from raw_alloc (or a DataPtr's, released): back to its pool's cache, or, for
+  /// memory allocated while caching was disabled (enable(false)), to the device at once, whether
+  /// caching is enabled now or not.
   void raw_delete(void* ptr) override {
     if (ptr == nullptr) return;
     const int hint = devices_.size() == 1 ? 0 : c10::cuda::current_device();
-    if (!free_anywhere(ptr, hint)) {
+    if (!free_anywhere(ptr, hint) && !free_uncached(ptr)) {
       TORCH_CHECK(false, "gpumem: invalid device pointer ", ptr,
                   ": not allocated by gpumem, or already freed");
     }
@@ -381,15 +401,16 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   }
 #endif
 
+  /// torch.cuda.caching_allocator_enable(value). While disabled, as with PyTorch's allocator,
+  /// every allocation is its own cudaMalloc, freed with cudaFree when its tensor is (no pool, no
+  /// statistics, no trace, no memory fraction). Memory keeps the way it was allocated: what was
+  /// cached before goes back to its pool when freed while disabled, and what was allocated while
+  /// disabled is cudaFree'd when freed after caching is enabled again.
   void enable(bool value) override {
-    if (!value) {
-      detail::not_supported("enable(false)",
-                            "gpumem is the allocator; to bypass caching use PyTorch's allocator "
-                            "(PYTORCH_NO_CUDA_MEMORY_CACHING=1 without gpumem)");
-    }
+    enabled_.store(value, std::memory_order_relaxed);
   }
   bool isEnabled() const override {
-    return true;
+    return enabled_.load(std::memory_order_relaxed);
   }
 
   void cacheInfo(c10::DeviceIndex device, size_t* largestBlock) override {
@@ -446,7 +467,6 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
       ++p->use_count;
       p->allocator->set_memory_fixed(true);
     }
-    p->fresh = false;
     p->filter = std::move(filter);
     s.active.push_back(p);
     s.allocating_to_pools.store(static_cast<int>(s.active.size()), std::memory_order_release);
@@ -484,8 +504,12 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
       detail::private_pool* p = find_pool(s, id);
       TORCH_CHECK(p != nullptr && p->use_count > 0, "pool (", id.first, ", ", id.second,
                   ") is not in use (unknown, or already released)");
-      // A dead pool's memory may go back to the device once nothing uses it (release_dead_pools).
-      if (--p->use_count == 0 && !p->filter) p->allocator->set_memory_fixed(false);
+      // A dead pool's memory may go back to the device once nothing uses it (release_dead_pools);
+      // it lends nothing on out-of-memory any more.
+      if (--p->use_count == 0) {
+        if (!p->filter) p->allocator->set_memory_fixed(false);
+        stop_use_on_oom(s, p);
+      }
     });
   }
 
@@ -498,8 +522,7 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   }
 
   // MemPool's constructor calls createOrIncrefPool, then setUseOnOOM(true) and setNoSplit when
-  // asked: gpumem refuses those options there, so that the constructor fails (RuntimeError in
-  // Python) rather than anything later, and its destructor's setUseOnOOM(false) never throws.
+  // asked; its destructor setUseOnOOM(false) (torch >= 2.11), releasePool and emptyCache(id).
 
 #if GPUMEM_TORCH_AT_LEAST(2, 11)
   /// Makes pool `id` on `device`, or adds a use to it. Throws c10::Error "not supported by
@@ -508,27 +531,55 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
                           std::shared_ptr<c10_alloc::CUDAAllocator> allocator = nullptr) override {
     create_or_incref_pool(device, id, allocator.get());
   }
-  /// setUseOnOOM(..., false) does nothing (gpumem never lends a pool's memory) and never throws.
-  /// true: refuse_pool_option (throws c10::Error "not supported by gpumem").
+  /// MemPool(use_on_oom=True) (true) and its destructor (false): see set_use_on_oom. Never throws
+  /// for false.
   void setUseOnOOM(c10::DeviceIndex device, mempool_id id, bool use_on_oom) override {
-    if (use_on_oom) refuse_pool_option(device, id, use_on_oom_refusal);
+    if (!use_on_oom) {
+      detail::reporting_failure("setUseOnOOM", [&] { set_use_on_oom(device, id, false); });
+      return;
+    }
+    set_use_on_oom(device, id, true);
   }
 #else
-  /// As above (torch < 2.11 passes no allocator ownership and calls setUseOnOOM only for true).
+  /// As above (torch < 2.11 passes no allocator ownership and calls setUseOnOOM only for true; a
+  /// pool stops being used on out-of-memory when it dies, releasePool).
   void createOrIncrefPool(c10::DeviceIndex device, mempool_id id,
                           c10_alloc::CUDAAllocator* allocator = nullptr) override {
     create_or_incref_pool(device, id, allocator);
   }
-  /// refuse_pool_option: throws c10::Error "not supported by gpumem".
   void setUseOnOOM(c10::DeviceIndex device, mempool_id id) override {
-    refuse_pool_option(device, id, use_on_oom_refusal);
+    set_use_on_oom(device, id, true);
   }
 #endif
 
 #if GPUMEM_TORCH_AT_LEAST(2, 10)
-  /// MemPool(no_split=True): refuse_pool_option (throws c10::Error "not supported by gpumem").
+  /// MemPool(no_split=True): pool `id` never splits a block, as PyTorch's no_split pools: each
+  /// allocation takes a whole segment (a new one sized as PyTorch sizes segments: 2 MiB for
+  /// requests up to 1 MiB, 20 MiB up to 10 MiB, else the request rounded up to 2 MiB) or a whole
+  /// cached block that fits. Such a pool runs the classic policy whatever the configuration, so
+  /// that each segment is one cudaMalloc (one block); a pool already holding memory keeps its
+  /// policy and stops splitting (expandable), or throws c10::Error "not supported by gpumem"
+  /// (stitch). An unknown pool is left alone. Throws c10::Error for a bad device.
   void setNoSplit(c10::DeviceIndex device, mempool_id id) override {
-    refuse_pool_option(device, id, no_split_refusal);
+    detail::device_state& s = state(device);
+    std::lock_guard<std::mutex> lock(s.pools_mutex);
+    detail::private_pool* p = find_pool(s, id);
+    if (p == nullptr) return;
+    const memory_usage used = p->allocator->usage();
+    if (p->allocator->policy() != allocator_policy::classic && used.reserved == 0) {
+      allocator_config classic = s.config;
+      classic.policy = allocator_policy::classic;
+      auto replacement = make_pool_allocator(s, id, classic);
+      if (p->use_count <= 0 && !p->filter) replacement->set_memory_fixed(false);
+      std::lock_guard<std::mutex> oom_lock(s.use_on_oom_mutex);  // main's fallback reads it
+      p->allocator = std::move(replacement);
+    }
+    TORCH_CHECK(p->allocator->policy() != allocator_policy::stitch,
+                "gpumem: MemPool(no_split=True) is not supported by gpumem for pool (", id.first,
+                ", ", id.second,
+                "), which already holds memory under the stitch policy (make the pool no_split "
+                "before it allocates)");
+    p->allocator->set_no_split(true);
   }
 #endif
 
@@ -783,12 +834,59 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   }
 
   std::unique_ptr<device_allocator> make_allocator(detail::device_state& s, mempool_id id) {
-    auto a = std::make_unique<device_allocator>(s.device, s.config);
+    return make_allocator(s, id, s.config);
+  }
+
+  std::unique_ptr<device_allocator> make_allocator(detail::device_state& s, mempool_id id,
+                                                   const allocator_config& config) {
+    auto a = std::make_unique<device_allocator>(s.device, config);
     const auto device = static_cast<c10::DeviceIndex>(s.device.index());
     a->set_event_observer(
         [this, device, id](const allocator_event<cudaStream_t>& e) { on_event(device, id, e); });
     if (history_enabled_.load(std::memory_order_acquire)) a->set_reserved_events(true);
+    if (is_default(id)) {
+      // PyTorch's try_mempool_fallback: the default pool's miss borrows from the pools marked
+      // use-on-OOM before it frees its cache (an allocation into a private pool never does).
+      a->set_out_of_memory_fallback([&s](std::size_t size, cudaStream_t stream) {
+        return borrow_from_use_on_oom_pools(s, size, stream);
+      });
+    }
     return a;
+  }
+
+  // A cached block of the first pool marked use-on-OOM that has one for `size` on `stream`, or
+  // nullptr. Runs under main's lock (its out-of-memory fallback).
+  static void* borrow_from_use_on_oom_pools(detail::device_state& s, std::size_t size,
+                                            cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(s.use_on_oom_mutex);
+    for (detail::private_pool* p : s.use_on_oom) {
+      if (void* ptr = p->allocator->allocate_cached(size, stream)) return ptr;
+    }
+    return nullptr;
+  }
+
+  // Marks pool `id` of `device` use-on-OOM (appended to the list once) or not. An unknown or dead
+  // pool is not marked. Throws c10::Error for a bad device.
+  void set_use_on_oom(c10::DeviceIndex device, const mempool_id& id, bool use_on_oom) {
+    detail::device_state& s = state(device);
+    std::lock_guard<std::mutex> lock(s.pools_mutex);
+    detail::private_pool* p = find_pool(s, id);
+    if (p == nullptr) return;
+    if (!use_on_oom || p->use_count <= 0) {
+      stop_use_on_oom(s, p);
+      return;
+    }
+    std::lock_guard<std::mutex> oom_lock(s.use_on_oom_mutex);
+    if (std::find(s.use_on_oom.begin(), s.use_on_oom.end(), p) == s.use_on_oom.end()) {
+      s.use_on_oom.push_back(p);
+    }
+  }
+
+  // Takes pool p off the use-on-OOM list. Call with s.pools_mutex held.
+  static void stop_use_on_oom(detail::device_state& s, detail::private_pool* p) {
+    std::lock_guard<std::mutex> lock(s.use_on_oom_mutex);
+    s.use_on_oom.erase(std::remove(s.use_on_oom.begin(), s.use_on_oom.end(), p),
+                       s.use_on_oom.end());
   }
 
   static detail::private_pool* find_pool(detail::device_state& s, const mempool_id& id) {
@@ -804,19 +902,29 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   detail::private_pool& make_pool(detail::device_state& s, const mempool_id& id) {
     auto p = std::make_unique<detail::private_pool>();
     p->id = id;
-    p->allocator = make_allocator(s, id);
-    device_allocator& a = *p->allocator;
-    a.set_memory_fixed(true);
-    a.share_memory_limit_with(*s.main);
-    const double fraction = s.main->memory_fraction();
-    if (fraction < 1.0) a.set_memory_fraction(fraction);
-    for (int peer : s.peers) a.add_peer_access(peer);
-    for (std::size_t i = 0; i < s.active.size(); ++i) a.begin_capture();
+    p->allocator = make_pool_allocator(s, id, s.config);
     s.pools.push_back(std::move(p));
     return *s.pools.back();
   }
 
+  // A pool's allocator running `config`, set up as above (memory fixed: for a pool in use). Call
+  // with s.pools_mutex held.
+  std::unique_ptr<device_allocator> make_pool_allocator(detail::device_state& s,
+                                                        const mempool_id& id,
+                                                        const allocator_config& config) {
+    auto a = make_allocator(s, id, config);
+    a->set_memory_fixed(true);
+    a->share_memory_limit_with(*s.main);
+    const double fraction = s.main->memory_fraction();
+    if (fraction < 1.0) a->set_memory_fraction(fraction);
+    for (int peer : s.peers) a->add_peer_access(peer);
+    for (std::size_t i = 0; i < s.active.size(); ++i) a->begin_capture();
+    return a;
+  }
+
+  // Call with s.pools_mutex held.
   static void erase_pool(detail::device_state& s, const mempool_id& id) {
+    if (detail::private_pool* p = find_pool(s, id)) stop_use_on_oom(s, p);
     s.pools.erase(
         std::remove_if(s.pools.begin(), s.pools.end(), [&](const auto& p) { return p->id == id; }),
         s.pools.end());
@@ -832,36 +940,10 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     std::lock_guard<std::mutex> lock(s.pools_mutex);
     if (detail::private_pool* p = find_pool(s, id)) {
       ++p->use_count;
-      p->fresh = false;
       p->allocator->set_memory_fixed(true);
     } else {
       make_pool(s, id);
     }
-  }
-
-  struct refusal {
-    const char* what;
-    const char* why;
-  };
-  static constexpr refusal use_on_oom_refusal{
-      "MemPool(use_on_oom=True)",
-      "a private pool's memory is never lent to allocations outside it; make the pool without "
-      "use_on_oom"};
-  static constexpr refusal no_split_refusal{
-      "MemPool(no_split=True)",
-      "gpumem's pools split blocks by its policy's rules; make the pool without no_split"};
-
-  // Throws c10::Error "not supported by gpumem" for an option of pool `id` that MemPool's
-  // constructor asked for. That constructor fails, so its destructor never releases the pool:
-  // a pool just made by createOrIncrefPool and used by nothing else is undone first.
-  [[noreturn]] void refuse_pool_option(c10::DeviceIndex device, mempool_id id, refusal r) {
-    detail::device_state& s = state(device);
-    {
-      std::lock_guard<std::mutex> lock(s.pools_mutex);
-      detail::private_pool* p = find_pool(s, id);
-      if (p != nullptr && p->fresh && p->use_count == 1) erase_pool(s, id);
-    }
-    detail::not_supported(r.what, r.why);
   }
 
   // Returns the cache of s's dead pools to the device and forgets those left holding nothing.
@@ -880,6 +962,7 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
       const memory_usage now = p.allocator->usage();
       released = released || now.reserved < reserved;
       if (now.allocated == 0 && now.reserved == 0) {
+        stop_use_on_oom(s, &p);
         s.pools.erase(s.pools.begin() + static_cast<std::ptrdiff_t>(i));
       } else {
         ++i;
@@ -1095,6 +1178,49 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
 #else
     (void)device, (void)e;
 #endif
+  }
+
+  // --- caching disabled (enable(false))
+  // -----------------------------------------------------------
+
+  // PyTorch's uncached_allocate: one cudaMalloc on `device` (current), remembered so that its free
+  // is a cudaFree whenever it comes.
+  void* uncached_allocate(c10::DeviceIndex device, std::size_t nbytes) {
+    if (nbytes == 0) return nullptr;
+    void* ptr = nullptr;
+    const cudaError_t status = cudaMalloc(&ptr, nbytes);
+    if (status == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. Tried to allocate ",
+                       gpumem::detail::format_size(nbytes), " on CUDA device ",
+                       static_cast<int>(device),
+                       " with the caching allocator disabled "
+                       "(torch.cuda.caching_allocator_enable(False)): cudaMalloc failed");
+    }
+    C10_CUDA_CHECK(status);
+    try {
+      std::lock_guard<std::mutex> lock(uncached_mutex_);
+      uncached_.emplace(ptr, device);
+    } catch (...) {
+      (void)cudaFree(ptr);
+      throw;
+    }
+    return ptr;
+  }
+
+  // cudaFree of memory from uncached_allocate: false (nothing done) for any other pointer.
+  bool free_uncached(void* ptr) {
+    c10::DeviceIndex device = 0;
+    {
+      std::lock_guard<std::mutex> lock(uncached_mutex_);
+      auto it = uncached_.find(ptr);
+      if (it == uncached_.end()) return false;
+      device = it->second;
+      uncached_.erase(it);
+    }
+    gpumem::detail::cuda_device_guard guard(device);
+    C10_CUDA_CHECK(cudaFree(ptr));
+    return true;
   }
 
   // Frees `ptr` in whichever allocator has it: the hinted device's default pool first.
@@ -1338,6 +1464,10 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
 
   std::mutex ipc_mutex_;
   std::unordered_map<std::string, std::weak_ptr<void>> ipc_open_;
+
+  std::atomic<bool> enabled_{true};  // enable(); false: uncached_allocate
+  std::mutex uncached_mutex_;
+  std::unordered_map<void*, c10::DeviceIndex> uncached_;  // live memory from uncached_allocate
 };
 
 namespace detail {
@@ -1345,6 +1475,17 @@ namespace detail {
 // The deleter of gpumem's DataPtrs, called from destructors (a tensor's storage): a failure is
 // reported on stderr, never thrown.
 inline void raw_delete(void* ptr) noexcept {
+  reporting_failure("freeing a CUDA tensor's memory", [ptr] {
+    cuda_allocator* a = installed();
+    TORCH_CHECK(a != nullptr, "a gpumem DataPtr freed while gpumem is not installed");
+    a->raw_delete(ptr);
+  });
+}
+
+// The deleter of DataPtrs allocated while caching was disabled: cudaFree, whatever the setting is
+// now. Reported on stderr, never thrown.
+inline void uncached_delete(void* ptr) noexcept {
+  if (ptr == nullptr) return;
   reporting_failure("freeing a CUDA tensor's memory", [ptr] {
     cuda_allocator* a = installed();
     TORCH_CHECK(a != nullptr, "a gpumem DataPtr freed while gpumem is not installed");
