@@ -462,7 +462,7 @@ class caching_allocator {
     if (size == 0 || size > detail::k_max_request) return nullptr;
     std::lock_guard<detail::spin_mutex> lock(mutex_);
     observer_error_ = nullptr;
-    if (captures_underway_ == 0 && (!pending_events_.empty() || !deferred_.empty())) {
+    if (captures_underway_ == 0 && (!events_.empty() || !deferred_.empty())) {
       process_events();
     }
     const std::size_t rounded = detail::round_size(size, config_.divisions_for(size));
@@ -474,9 +474,11 @@ class caching_allocator {
     if (b == nullptr) return nullptr;
     void* ptr = alloc_found_block(b, *b->owner, rounded, size);
     if (observer_) {
+      report_reserved_changes();
       notify(allocator_action::alloc, reinterpret_cast<std::uintptr_t>(ptr), size, stream);
       if (observer_error_) {
         release_allocated(allocated_.erase(reinterpret_cast<std::uintptr_t>(ptr)));
+        report_reserved_changes();
         rethrow_observer_error();
       }
     }
