@@ -80,6 +80,7 @@
 #include "gpumem/core/caching_allocator.hpp"
 #include "gpumem/device/cuda_vmm_device.hpp"
 #include "gpumem/error.hpp"
+#include "gpumem/torch/oom_snapshot.hpp"
 
 namespace gpumem::torch {
 
@@ -680,7 +681,13 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   // refuses newer versions, so write the one the running torch reads.
   static constexpr int ipc_handle_version = GPUMEM_TORCH_AT_LEAST(2, 13) ? 3 : 2;
 
-  explicit cuda_allocator(allocator_config config) : config_(std::move(config)) {}
+  explicit cuda_allocator(allocator_config config) : config_(std::move(config)) {
+    trace_wanted_.store(oom_snapshot_on(), std::memory_order_release);
+  }
+
+  bool oom_snapshot_on() const noexcept {
+    return !config_.oom_snapshot.empty();
+  }
 
   static bool is_default(const mempool_id& id) noexcept {
     return id.first == 0 && id.second == 0;
@@ -907,6 +914,7 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
       } catch (const out_of_memory& e) {
         if (!retried && release_dead_pools_after_oom(s)) continue;
         pending_context().reset();
+        write_oom_snapshot(device);
         report_oom(device, nbytes, e);
         TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
       } catch (const cuda_error& e) {
@@ -1052,7 +1060,8 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
       for (auto& h : history_) h.clear();
     }
     history_enabled_.store(enabled, std::memory_order_release);
-    trace_wanted_.store(enabled || !trackers_.empty(), std::memory_order_release);
+    trace_wanted_.store(enabled || !trackers_.empty() || oom_snapshot_on(),
+                        std::memory_order_release);
   }
 
   // Called by every allocator with its lock held: builds PyTorch's trace entry, hands it to the
@@ -1060,16 +1069,22 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   void on_event(c10::DeviceIndex device, mempool_id pool, const allocator_event<cudaStream_t>& e) {
     if (!trace_wanted_.load(std::memory_order_acquire)) return;
     std::lock_guard<std::mutex> lock(trace_mutex_);
+    if (oom_snapshot_on()) {
+      if (oom_rings_.size() <= static_cast<std::size_t>(device)) oom_rings_.resize(device + 1);
+      auto& ring = oom_rings_[static_cast<std::size_t>(device)];
+      if (!ring) ring = std::make_unique<oom_event_ring>(config_.oom_snapshot_max_entries);
+      ring->push({e.action, e.address, e.size, gpumem::detail::snapshot_stream_id(e.stream),
+                  microseconds_since_epoch()});
+      ++oom_ring_pushes_;
+    }
+    if (trackers_.empty() && !history_enabled_.load(std::memory_order_relaxed)) return;
     std::shared_ptr<c10::GatheredContext> context;
     if (e.action == allocator_action::alloc) context = pending_context();
     c10_alloc::TraceEntry entry(detail::trace_action(e.action), device, e.address, e.size, e.stream,
                                 pool, c10::getApproximateTime(), std::move(context));
     // memory_viz reads microseconds since the epoch from time_.t_ (PyTorch converts its TSC
     // stamps the same way when it takes a snapshot).
-    entry.time_.t_ =
-        static_cast<std::time_t>(std::chrono::duration_cast<std::chrono::microseconds>(
-                                     std::chrono::system_clock::now().time_since_epoch())
-                                     .count());
+    entry.time_.t_ = static_cast<std::time_t>(microseconds_since_epoch());
     for (const auto& tracker : trackers_) tracker(entry);
     if (!history_enabled_.load(std::memory_order_relaxed)) return;
     if ((skip_ >> static_cast<int>(e.action)) & 1u) return;
@@ -1077,6 +1092,90 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     auto& h = history_[static_cast<std::size_t>(device)];
     h.push_back(std::move(entry));
     while (h.size() > max_entries_) h.pop_front();
+  }
+
+  static std::int64_t microseconds_since_epoch() noexcept {
+    return std::chrono::duration_cast<std::chrono::microseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
+
+  // --- snapshot on out-of-memory (oom_snapshot:DIR; gpumem/torch/oom_snapshot.hpp) ------------
+
+  // Before the out-of-memory error of `device` is raised: writes its snapshot and says on stderr
+  // where and how to replay it, or why not. Never throws: the out-of-memory error is what the
+  // caller must see.
+  void write_oom_snapshot(c10::DeviceIndex device) noexcept {
+    if (!oom_snapshot_on()) return;
+    try {
+      std::lock_guard<std::mutex> serial(oom_snapshot_mutex_);  // one failure's file at a time
+      if (oom_snapshots_written_ >= oom_snapshot_max_files) {
+        std::fprintf(stderr,
+                     "gpumem: out of memory on cuda:%d: no snapshot written (this process wrote "
+                     "%zu already, the most it writes)\n",
+                     static_cast<int>(device), oom_snapshot_max_files);
+        return;
+      }
+      detail::device_state& s = state(device);
+      std::vector<segment_snapshot<cudaStream_t>> segments;
+      std::vector<snapshot_trace_entry> events;
+      // The segments and the events must describe the same moment: another thread may allocate
+      // in between, so take both again when an event arrived meanwhile (events are pushed with an
+      // allocator's lock held, and snapshot() takes it).
+      for (int attempt = 0; attempt < 3; ++attempt) {
+        std::uint64_t pushes = 0;
+        {
+          std::lock_guard<std::mutex> lock(trace_mutex_);
+          pushes = oom_ring_pushes_;
+        }
+        segments = s.main->snapshot();
+        {
+          std::lock_guard<std::mutex> lock(s.pools_mutex);
+          for (auto& p : s.pools) {
+            auto more = p->allocator->snapshot();
+            segments.insert(segments.end(), std::make_move_iterator(more.begin()),
+                            std::make_move_iterator(more.end()));
+          }
+        }
+        std::lock_guard<std::mutex> lock(trace_mutex_);
+        const auto d = static_cast<std::size_t>(device);
+        events = d < oom_rings_.size() && oom_rings_[d] ? oom_rings_[d]->events()
+                                                        : std::vector<snapshot_trace_entry>{};
+        if (pushes == oom_ring_pushes_) break;
+      }
+      // Out-of-memory errors the program caught earlier leave the history: the reader takes the
+      // first oom event for the request that failed, and a replay must go past those (their
+      // requests allocated nothing) to this one.
+      std::size_t last_oom = events.size();
+      for (std::size_t i = 0; i < events.size(); ++i) {
+        if (events[i].action == allocator_action::oom) last_oom = i;
+      }
+      std::vector<snapshot_trace_entry> kept;
+      kept.reserve(events.size());
+      for (std::size_t i = 0; i < events.size(); ++i) {
+        if (events[i].action != allocator_action::oom || i == last_oom) kept.push_back(events[i]);
+      }
+      events.swap(kept);
+      // What gpumem-replay's "--config recorded" replays: the policy this GPU ran, named.
+      allocator_config recorded = s.config;
+      recorded.policy = s.config.effective_policy(true);
+      recorded.oom_snapshot.clear();
+      recorded.oom_snapshot_max_entries = allocator_config{}.oom_snapshot_max_entries;
+      const std::string name =
+          oom_snapshot_file_name(oom_snapshot_rank(), oom_snapshot_host(),
+                                 static_cast<long>(::getpid()), oom_snapshots_written_ + 1);
+      const std::string path = gpumem::torch::write_oom_snapshot(
+          config_.oom_snapshot, name, segments, events, recorded.to_string(), device);
+      ++oom_snapshots_written_;
+      std::fprintf(stderr, "%s\n", oom_snapshot_message(device, path).c_str());
+    } catch (const std::exception& e) {
+      std::fprintf(stderr,
+                   "gpumem: out of memory on cuda:%d: the snapshot was not written to %s: %s\n",
+                   static_cast<int>(device), config_.oom_snapshot.c_str(), e.what());
+    } catch (...) {
+      std::fprintf(stderr, "gpumem: out of memory on cuda:%d: the snapshot was not written to %s\n",
+                   static_cast<int>(device), config_.oom_snapshot.c_str());
+    }
   }
 
   // --- snapshot
@@ -1184,6 +1283,11 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   unsigned skip_ = 0;  // bit per allocator_action
   std::vector<std::deque<c10_alloc::TraceEntry>> history_;
   std::unordered_map<void*, std::shared_ptr<c10::GatheredContext>> contexts_;
+  std::vector<std::unique_ptr<oom_event_ring>> oom_rings_;  // per device, with oom_snapshot
+  std::uint64_t oom_ring_pushes_ = 0;
+
+  std::mutex oom_snapshot_mutex_;
+  std::size_t oom_snapshots_written_ = 0;
 
   std::mutex ipc_mutex_;
   std::unordered_map<std::string, std::weak_ptr<void>> ipc_open_;
