@@ -1156,16 +1156,11 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
         if (events[i].action != allocator_action::oom || i == last_oom) kept.push_back(events[i]);
       }
       events.swap(kept);
-      // What gpumem-replay's "--config recorded" replays: the policy this GPU ran, named.
-      allocator_config recorded = s.config;
-      recorded.policy = s.config.effective_policy(true);
-      recorded.oom_snapshot.clear();
-      recorded.oom_snapshot_max_entries = allocator_config{}.oom_snapshot_max_entries;
       const std::string name =
           oom_snapshot_file_name(oom_snapshot_rank(), oom_snapshot_host(),
                                  static_cast<long>(::getpid()), oom_snapshots_written_ + 1);
       const std::string path = gpumem::torch::write_oom_snapshot(
-          config_.oom_snapshot, name, segments, events, recorded.to_string(), device);
+          config_.oom_snapshot, name, segments, events, recorded_settings(s.config), device);
       ++oom_snapshots_written_;
       std::fprintf(stderr, "%s\n", oom_snapshot_message(device, path).c_str());
     } catch (const std::exception& e) {
@@ -1180,6 +1175,17 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
 
   // --- snapshot
   // -----------------------------------------------------------------------------------
+
+  // The settings a snapshot records (allocator_settings' PYTORCH_CUDA_ALLOC_CONF, which
+  // gpumem-replay's "--config recorded" replays): the GPU's, with the policy it ran named (auto
+  // would replay as classic) and without oom_snapshot's keys, which shape no allocation.
+  static std::string recorded_settings(const allocator_config& device_config) {
+    allocator_config recorded = device_config;
+    recorded.policy = device_config.effective_policy(true);
+    recorded.oom_snapshot.clear();
+    recorded.oom_snapshot_max_entries = allocator_config{}.oom_snapshot_max_entries;
+    return recorded.to_string();
+  }
 
   c10_alloc::SnapshotInfo make_snapshot(mempool_id id, bool include_traces) {
     c10_alloc::SnapshotInfo out;
@@ -1212,7 +1218,13 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
 #if GPUMEM_TORCH_AT_LEAST(2, 9)
     c.graph_capture_record_stream_reuse = config_.graph_capture_record_stream_reuse;
 #endif
-    c.last_allocator_settings = config_.to_string();
+    c.last_allocator_settings = recorded_settings(config_);
+    for (const auto& s : devices_) {
+      if (s->main) {
+        c.last_allocator_settings = recorded_settings(s->config);  // classic without VMM
+        break;
+      }
+    }
     c.roundup_power2_divisions.assign(config_.roundup_power2_divisions.begin(),
                                       config_.roundup_power2_divisions.end());
     return out;
