@@ -1073,8 +1073,9 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
       if (oom_rings_.size() <= static_cast<std::size_t>(device)) oom_rings_.resize(device + 1);
       auto& ring = oom_rings_[static_cast<std::size_t>(device)];
       if (!ring) ring = std::make_unique<oom_event_ring>(config_.oom_snapshot_max_entries);
-      ring->push({e.action, e.address, e.size, gpumem::detail::snapshot_stream_id(e.stream),
-                  microseconds_since_epoch()});
+      // No time stamp: reading a clock would cost more than the rest of the recording.
+      ring->push(
+          {e.action, e.address, e.size, gpumem::detail::snapshot_stream_id(e.stream), no_time});
       ++oom_ring_pushes_;
     }
     if (trackers_.empty() && !history_enabled_.load(std::memory_order_relaxed)) return;
