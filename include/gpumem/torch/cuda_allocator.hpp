@@ -16,6 +16,10 @@
 // statistics add the pools up: current values and totals exactly, peaks as the sum of each
 // allocator's peak (an upper bound).
 //
+// With oom_snapshot:DIR set, an out-of-memory error is preceded by a snapshot of the failing GPU in
+// DIR, replayable with gpumem-replay (gpumem/torch/oom_snapshot.hpp; README.md, "Snapshot on
+// out-of-memory").
+//
 // Compiles against torch 2.8 through 2.15 (TORCH_VERSION_MAJOR/MINOR guards). Needs c10 and
 // c10_cuda only (the headers under the wheel's torch/include and libc10_cuda.so); link
 // ${TORCH_LIBRARIES} or gpumem's gpumem::c10_cuda.

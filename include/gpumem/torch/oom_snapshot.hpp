@@ -7,8 +7,8 @@
 //   DIR/rank<RANK>-<host>-pid<pid>-oom<N>.pickle      RANK from RANK, else LOCAL_RANK, else 0
 //
 // It holds the failing GPU's segments and its newest allocator events (oom_event_ring, bounded by
-// oom_snapshot_max_entries), the last of them the `oom` event with the size that failed, so that
-// gpumem-replay replays the program up to that request and tries it. Nothing here needs c10:
+// oom_snapshot_max_entries; no stack frames, no time stamps), the last of them the `oom` event with
+// the size that failed, so that gpumem-replay replays the program up to that request and tries it. Nothing here needs c10:
 // cuda_allocator.hpp feeds the ring and calls write_oom_snapshot; the Python package
 // (gpumem.snapshot_on_oom) names its files the same way.
 //
