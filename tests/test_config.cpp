@@ -432,6 +432,31 @@ TEST(config_keys, stitch_thresholds) {
   EXPECT_THROW(bad.validate(), config_error);
 }
 
+// oom_snapshot takes a directory; the string syntax cannot hold spaces, ':', ',', '[' or ']'.
+TEST(config_keys, oom_snapshot_is_a_directory_and_its_ring_a_count) {
+  const auto c =
+      allocator_config::parse("oom_snapshot:/scratch/job-7/oom,oom_snapshot_max_entries:500");
+  EXPECT_EQ(c.oom_snapshot, "/scratch/job-7/oom");
+  EXPECT_EQ(c.oom_snapshot_max_entries, 500u);
+  EXPECT_EQ(c.to_string(), "oom_snapshot:/scratch/job-7/oom,oom_snapshot_max_entries:500");
+  EXPECT_EQ(allocator_config::parse(c.to_string()), c);
+  EXPECT_TRUE(c.notes().empty());
+  EXPECT_TRUE(allocator_config{}.oom_snapshot.empty());  // off by default
+  EXPECT_THROW(allocator_config::parse("oom_snapshot:"), config_error);
+  EXPECT_THROW(allocator_config::parse("oom_snapshot:[a:b]"), config_error);
+  EXPECT_THROW(allocator_config::parse("oom_snapshot_max_entries:0"), config_error);
+  EXPECT_THROW(allocator_config::parse("oom_snapshot_max_entries:10000001"), config_error);
+  // The ring's size alone does nothing, and says so.
+  EXPECT_EQ(allocator_config::parse("oom_snapshot_max_entries:5").notes().size(), 1u);
+  allocator_config in_code;
+  in_code.oom_snapshot = "/tmp/two words";
+  EXPECT_THROW(in_code.validate(), config_error);
+  in_code.oom_snapshot = "/tmp/a:b";
+  EXPECT_THROW(in_code.validate(), config_error);
+  in_code.oom_snapshot = "relative/dir";
+  EXPECT_NO_THROW(in_code.validate());
+}
+
 TEST(config_to_string, round_trips_any_divisions_table) {
   std::mt19937 rng(12345);
   const std::array<std::size_t, 6> values{0, 1, 2, 4, 8, 16};

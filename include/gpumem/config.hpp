@@ -109,6 +109,11 @@ struct allocator_config {
   std::uint32_t stitch_recurring_misses = 3;
   /// stitch_settled_allocations.
   std::uint64_t stitch_settled_allocations = 1024;
+  /// oom_snapshot: the directory the LibTorch adapter writes a snapshot into before it raises an
+  /// out-of-memory error (gpumem/torch/oom_snapshot.hpp). "" = off.
+  std::string oom_snapshot;
+  /// oom_snapshot_max_entries: the events kept for that snapshot (a ring: the newest).
+  std::size_t oom_snapshot_max_entries = 100000;
 
   /// PyTorch's roundup_power2_divisions(size): the entry for floor(log2(size)) - 20, clamped to
   /// [0, 15]. (PyTorch would index 15 for size 0 through unsigned wrap-around; it never asks for 0,
@@ -520,6 +525,27 @@ inline std::optional<std::string> policy_text(const config_key&, const allocator
 
 inline void no_check(const config_key&, const allocator_config&) {}
 
+// oom_snapshot: a directory. The tokenizer drops whitespace and splits at ':' ',' '[' ']', so a
+// path with one of those cannot be written in a string; set in code, it is refused too, so that
+// to_string() reads back.
+inline constexpr std::string_view config_path_forbidden = " \t\n\v\f\r:,[]";
+inline void apply_oom_snapshot(const config_key& self, allocator_config& config,
+                               const config_entry& entry, config_source source) {
+  const std::string& dir = single_value(entry, source).text;
+  if (dir.empty()) refuse_value(entry, source, self.limits.too_low);
+  config.oom_snapshot = dir;
+}
+inline std::optional<std::string> oom_snapshot_text(const config_key&,
+                                                    const allocator_config& config) {
+  if (config.oom_snapshot.empty()) return std::nullopt;
+  return config.oom_snapshot;
+}
+inline void check_oom_snapshot(const config_key& self, const allocator_config& config) {
+  if (config.oom_snapshot.find_first_of(config_path_forbidden) != std::string::npos) {
+    refuse_setting(self.name, config.oom_snapshot, self.limits.check_reason);
+  }
+}
+
 // roundup_power2_divisions: a single count, or PyTorch's list of intervals.
 inline void apply_roundup_power2_divisions(const config_key&, allocator_config& config,
                                            const config_entry& entry, config_source source) {
@@ -640,7 +666,7 @@ constexpr config_key_handlers segment_bound_handlers(
 
 // Every key: PyTorch 2.11's (AcceleratorAllocatorConfig's and CUDAAllocatorConfig's), then
 // gpumem's. The order is to_string()'s and that of the known keys in error messages.
-inline constexpr std::array<config_key, 21> config_keys{{
+inline constexpr std::array<config_key, 23> config_keys{{
     {"backend",
      "",
      config_key_origin::pytorch,
@@ -865,6 +891,32 @@ inline constexpr std::array<config_key, 21> config_keys{{
       "settled",
       "`policy:stitch`"},
      count_handlers<&allocator_config::stitch_settled_allocations>()},
+    {"oom_snapshot",
+     "",
+     config_key_origin::gpumem,
+     /*applied_first=*/false,
+     {any_number(), /*power_of_two=*/false, /*zero_is_unset=*/false,
+      "expected a directory (a path without spaces, ':', ',', '[' or ']')", "",
+      "contains a space, ':', ',', '[' or ']', which a configuration string cannot hold"},
+     {"unset (off)", "a directory path without spaces, `:`, `,`, `[` or `]`",
+      "Before the LibTorch adapter raises an out-of-memory error, write a PyTorch memory snapshot "
+      "of the failing GPU into this directory (made if missing; rank, host and pid in the file "
+      "name; at most 3 files per process) and say on stderr how to replay it "
+      "(README.md, \"Snapshot on out-of-memory\")",
+      "the LibTorch adapter and `libgpumem_torch.so` (ignored by `caching_allocator` itself)"},
+     {apply_oom_snapshot, oom_snapshot_text, same_field<&allocator_config::oom_snapshot>,
+      check_oom_snapshot}},
+    {"oom_snapshot_max_entries",
+     "",
+     config_key_origin::gpumem,
+     /*applied_first=*/false,
+     {closed(1.0, 10000000.0), /*power_of_two=*/false, /*zero_is_unset=*/false,
+      "must be from 1 to 10000000", "", "must be from 1 to 10000000"},
+     {"`100000`", "1 to 10000000",
+      "The newest allocator events `oom_snapshot` keeps per GPU for its snapshot (its replayable "
+      "history), as `max_entries` of `torch.cuda.memory._record_memory_history`",
+      "with `oom_snapshot`"},
+     count_handlers<&allocator_config::oom_snapshot_max_entries>()},
 }};
 
 // The row of `key`, under its name or its alias; nullptr for an unknown key.
@@ -1054,6 +1106,10 @@ inline std::vector<std::string> allocator_config::notes() const {
   if (stitch_set && effective_policy(true) != allocator_policy::stitch) {
     lines.emplace_back("the stitch_* keys have no effect: the policy is " +
                        std::string(gpumem::to_string(effective_policy(true))));
+  }
+  if (oom_snapshot.empty() && oom_snapshot_max_entries != defaults.oom_snapshot_max_entries) {
+    lines.emplace_back("oom_snapshot_max_entries:" + std::to_string(oom_snapshot_max_entries) +
+                       " has no effect without oom_snapshot");
   }
   // The pinned host pool (host/pinned_pool.hpp) honours pinned_use_cuda_host_register and
   // pinned_num_register_threads; these two have no counterpart there.

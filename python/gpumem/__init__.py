@@ -7,6 +7,8 @@
 
     gpumem.replay("snapshot.pickle", device_memory="24GiB", configs=["policy:classic", "policy:stitch"])
 
+    gpumem.snapshot_on_oom("/shared/oom")  # a replayable snapshot per rank at an out-of-memory error
+
 The replay side needs neither CUDA nor torch. install() needs libgpumem_torch.so, which is built
 when the package is installed into an environment that has torch (README.md, "The Python
 package").
@@ -15,14 +17,17 @@ package").
 import ctypes
 import json
 import os
+import pickle
+import socket
 import subprocess
+import sys
 
 from . import _build_info
 
 __version__ = _build_info.VERSION
 __all__ = [
     "GpumemError", "ConfigError", "install", "is_installed", "memory_summary", "stats",
-    "plugin_path", "replay_path", "replay", "torch_version",
+    "plugin_path", "replay_path", "replay", "snapshot_on_oom", "torch_version",
 ]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -227,3 +232,94 @@ def replay(trace, device_memory=None, configs=None, allocator="gpumem", find_min
     if p.returncode != 0:
         raise GpumemError("gpumem.replay: " + (p.stderr.strip() or f"exit status {p.returncode}"))
     return json.loads(p.stdout)
+
+
+# --- snapshot on out-of-memory ------------------------------------------------------------------
+
+# A process writes at most this many snapshots (as libgpumem_torch.so's oom_snapshot key): a
+# program that catches its out-of-memory errors and goes on must not fill the disk.
+OOM_SNAPSHOT_MAX_FILES = 3
+_oom = {"dir": None, "written": 0, "attached": False}
+
+
+def _file_name_safe(text):
+    safe = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in text)
+    return safe or "_"
+
+
+def _oom_snapshot_name(n):
+    """rank<RANK>-<host>-pid<pid>-oom<n>.pickle, RANK from RANK, else LOCAL_RANK, else 0: the name
+    libgpumem_torch.so's oom_snapshot key gives its files (gpumem/torch/oom_snapshot.hpp)."""
+    rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or "0"
+    host = socket.gethostname() or "unknown-host"
+    return f"rank{_file_name_safe(rank)}-{_file_name_safe(host)}-pid{os.getpid()}-oom{n}.pickle"
+
+
+def _keep_last_oom(trace):
+    """The trace without the oom events before its last: out-of-memory errors the program caught
+    earlier allocated nothing, and gpumem-replay takes the first oom event for the failure."""
+    ooms = [i for i, e in enumerate(trace) if e.get("action") == "oom"]
+    drop = set(ooms[:-1])
+    return [e for i, e in enumerate(trace) if i not in drop]
+
+
+def _on_out_of_memory(device, alloc, device_allocated, device_free):
+    """PyTorch's out-of-memory observer: writes the snapshot, one line on stderr. Never raises:
+    the out-of-memory error is what the program must see."""
+    import torch  # noqa: PLC0415
+
+    directory = _oom["dir"]
+    try:
+        if _oom["written"] >= OOM_SNAPSHOT_MAX_FILES:
+            print(f"gpumem: out of memory on cuda:{device}: no snapshot written (this process "
+                  f"wrote {OOM_SNAPSHOT_MAX_FILES} already, the most it writes)", file=sys.stderr)
+            return
+        snapshot = torch.cuda.memory._snapshot()
+        traces = snapshot.get("device_traces", [])
+        if 0 <= device < len(traces):
+            traces[device] = _keep_last_oom(traces[device])
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.abspath(os.path.join(directory, _oom_snapshot_name(_oom["written"] + 1)))
+        partial = path + ".partial"
+        try:
+            with open(partial, "wb") as f:
+                pickle.dump(snapshot, f)
+            os.replace(partial, path)
+        except BaseException:
+            if os.path.exists(partial):
+                os.remove(partial)
+            raise
+        _oom["written"] += 1
+        print(f"gpumem: out of memory on cuda:{device}: snapshot written to {path}; "
+              f"replay it with: gpumem-replay {path}", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 (reported, never raised)
+        print(f"gpumem: out of memory on cuda:{device}: the snapshot was not written to "
+              f"{directory}: {e}", file=sys.stderr)
+
+
+def snapshot_on_oom(directory, max_entries=20000, stacks="python"):
+    """Writes a PyTorch memory snapshot into `directory` whenever this process runs out of CUDA
+    memory, before torch.OutOfMemoryError is raised, and says on stderr where and how to replay
+    it: `gpumem-replay DIR/*.pickle` replays every rank's up to the request that failed.
+
+    Files: rank<RANK>-<host>-pid<pid>-oom<N>.pickle (RANK from RANK, else LOCAL_RANK, else 0), at
+    most 3 per process; `directory` is made if missing. For PyTorch's own allocator and for gpumem's
+    alike: it turns on torch.cuda.memory._record_memory_history(max_entries=max_entries,
+    stacks=stacks) (each entry keeps its Python stack: the default bounds the file to some tens of
+    MB) and attaches an out-of-memory observer. Initialises CUDA: with gpumem, call it after
+    gpumem.install(). With libgpumem_torch.so, the oom_snapshot:DIR key does the same in C++
+    (use one of the two). Calling it again changes the directory and the history's size.
+    """
+    import torch  # noqa: PLC0415
+
+    if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
+        raise ValueError(f"gpumem.snapshot_on_oom: max_entries must be a positive int, not "
+                         f"{max_entries!r}")
+    directory = os.fspath(directory)
+    os.makedirs(directory, exist_ok=True)  # an unusable directory is an error now, not at the OOM
+    torch.cuda.init()
+    torch.cuda.memory._record_memory_history(max_entries=max_entries, stacks=stacks)
+    _oom["dir"] = directory
+    if not _oom["attached"]:
+        torch._C._cuda_attach_out_of_memory_observer(_on_out_of_memory)
+        _oom["attached"] = True

@@ -81,7 +81,7 @@ expect_in "$err" "bad configuration \"policy:sometimes\"" "bad config"
 run 2 "$work/survivor.trace" --config policy:classic --compare policy:stitch
 expect_in "$err" "one --config, or --compare" "--config with --compare"
 run 0 "$work/survivor.trace" "$work/survivor.trace"
-expect_in "$out" "=== 2 traces ===" "two traces"
+expect_in "$out" "=== 2 traces, worst first ===" "two traces"
 run 2 "$work/survivor.trace" --progress sometimes
 expect_in "$err" "auto, always or never" "bad --progress"
 run 2 "$work/survivor.trace" --allocator jemalloc
@@ -363,23 +363,76 @@ expect_in "$err" "--snapshot-device needs a device number or all" "--snapshot-de
 run 0 "$work/two.pickle" --snapshot-device all --device-memory 3GiB --config policy:classic
 expect_in "$out" "=== $work/two.pickle, device 0 ===" "all: device 0"
 expect_in "$out" "=== $work/two.pickle, device 1 ===" "all: device 1"
-expect_in "$out" "=== 2 traces ===" "all: the summary"
+expect_in "$out" "=== 2 traces, worst first ===" "all: the summary"
 expect_in "$out" "two.pickle device 1 +policy:classic +OOM at event 3492" "all: device 1's row"
-expect_in "$out" "worst for \"policy:classic\": $work/two.pickle device 1 \(out of memory at event 3492\)" \
+expect_in "$out" "worst for \"policy:classic\": $work/two.pickle device 1 \(out of memory at event 3492, as recorded\)" \
   "all: the worst device"
 run 0 "$work/two.pickle" --snapshot-device all --json
 [[ $(grep -c '"snapshot_device": [01]' <<<"$out") == 2 ]] || fail "all --json: one record per device"
 python3 -c 'import json,sys; json.loads(sys.stdin.read())' <<<"$out" || fail "all --json is one JSON array"
+# The snapshots of a job's ranks (gpumem-replay DIR/*.pickle, as oom_snapshot:DIR and
+# gpumem.snapshot_on_oom write them): each replayed, then the table worst first: the ranks whose
+# replay runs out of memory (at the recorded event) before those that complete. A file that cannot
+# be read is named and counted; the others are replayed all the same.
+ranks=$work/ranks
+mkdir -p "$ranks"
+cp "$shared/transformer-forward-bf16.pickle" "$ranks/rank0-node1-pid11-oom1.pickle"
+cp "$work/oom.pickle" "$ranks/rank1-node1-pid12-oom1.pickle"
+printf 'not a snapshot' >"$ranks/rank2-node2-pid13-oom1.pickle"
+# Rank 3 ran on its own GPU, device 3, the snapshot's only one: replayed without --snapshot-device.
+python3 - "$work/oom.pickle" "$ranks/rank3-node2-pid14-oom1.pickle" <<'PY' ||
+import pickle, sys
+s = pickle.load(open(sys.argv[1], "rb"))
+for seg in s["segments"]:
+    seg["device"] = 3
+s["device_traces"] = [[], [], [], s["device_traces"][0]]
+pickle.dump(s, open(sys.argv[2], "wb"))
+PY
+  fail "building a device-3 snapshot"
+run 0 "$ranks/rank3-node2-pid14-oom1.pickle"
+expect_in "$out" "devices with data: 3; this is device 3" "one device with data: that one by default"
+expect_in "$out" "result:  OUT OF MEMORY at event 3492" "device 3's out-of-memory reproduced"
+run 1 "$ranks"/*.pickle
+expect_in "$out" "=== $ranks/rank1-node1-pid12-oom1.pickle ===" "each rank's own output"
+expect_in "$err" "rank2-node2-pid13-oom1.pickle" "the unreadable rank is named"
+expect_in "$out" "=== 4 traces, worst first ===" "ranks: the table"
+expect_in "$out" "\(1 could not be replayed" "ranks: the unreadable one counted"
+table=$(sed -n '/=== 4 traces, worst first ===/,$p' <<<"$out")
+rows=$(grep -E '^/' <<<"$table" | sed -E 's|^.*/(rank[0-9]).*$|\1|' | tr '\n' ' ')
+[[ $rows == "rank1 rank3 rank0 " ]] || fail "ranks worst first: got '$rows' in:"$'\n'"$table"
+expect_in "$table" "rank1-node1-pid12-oom1.pickle +recorded +OOM at event 3492 +OOM at event 3492 " \
+  "ranks: the failing rank's row, reproduced"
+expect_in "$table" "rank3-node2-pid14-oom1.pickle device 3 +recorded +OOM at event 3492" \
+  "ranks: device 3's row"
+expect_in "$table" "rank0-node1-pid11-oom1.pickle +recorded +completed +- .* [0-9.]+ [GM]iB$" \
+  "ranks: the rank that completed, with its headroom"
+expect_in "$table" "worst for \"recorded\": .*rank1-node1-pid12-oom1.pickle \(out of memory at event 3492, as recorded\)" \
+  "ranks: the worst rank"
+# --json: one valid array, each record with its recorded out-of-memory; runs appended to one file
+# read back by replay_json.py.
+run 1 "$ranks"/*.pickle --json
+printf '%s\n' "$out" >"$work/ranks.json"
+printf '%s\n' "$out" >>"$work/ranks.json"
+PYTHONPATH=$source_dir/tools/replay python3 - "$work/ranks.json" <<'PY' || fail "ranks --json"
+import json, sys
+from replay_json import read_runs
+runs = read_runs(sys.argv[1])
+assert len(runs) == 6, len(runs)
+by_rank = {r["trace"].rsplit("/", 1)[1][:5]: r for r in runs[:3]}
+assert by_rank["rank1"]["recorded_oom_event"] == 3492 == by_rank["rank1"]["oom_event_index"], by_rank
+assert by_rank["rank0"]["recorded_oom_event"] is None and by_rank["rank0"]["completed"], by_rank
+assert by_rank["rank3"]["snapshot_device"] == 3, by_rank
+PY
 # Several traces at once (one per rank): one replay each, then the table and the worst.
 run 0 "$source_dir/examples/traces/resnet50-b32.trace" \
   "$source_dir/examples/traces/gpt2-small-b4-s512-ckpt.trace" --device-memory 3GiB --config policy:classic
-expect_in "$out" "=== 2 traces ===" "several traces: the summary"
+expect_in "$out" "=== 2 traces, worst first ===" "several traces: the summary"
 expect_in "$out" "worst for \"policy:classic\": .*gpt2-small-b4-s512-ckpt.trace \(out of memory at event 3410\)" \
   "several traces: the worst one"
 run 0 "$source_dir/examples/traces/resnet50-b32.trace" "$work/survivor.trace" --json --config policy:stitch
 [[ $(grep -c '"config": "policy:stitch"' <<<"$out") == 2 ]] || fail "several --json: one record each"
 run 1 "$work/survivor.trace" "$work/missing.trace" --device-memory 1GiB
-expect_in "$out" "=== 2 traces ===" "a missing trace does not stop the others"
+expect_in "$out" "=== 2 traces, worst first ===" "a missing trace does not stop the others"
 expect_in "$out" "\(1 could not be replayed" "the missing one counted"
 expect_in "$err" "missing.trace" "the missing trace is named"
 run 2 "$work/survivor.trace" "$work/survivor.trace" --plot "$work/p.svg"

@@ -3,12 +3,17 @@
 // CUDA simulator: what PyTorch reports must equal what gpumem and the simulator count.
 //
 // The environment variable GPUMEM_TORCH_TEST_CONF is the configuration installed (ctest runs this
-// program once per policy); GPUMEM_TORCH_TEST_MODE=too_late runs only the installation-order test.
+// program once per policy); GPUMEM_TORCH_TEST_MODE=too_late runs only the installation-order test,
+// GPUMEM_TORCH_TEST_MODE=oom_snapshot only the tests of the oom_snapshot key (its configuration
+// sets the key, on a small simulated device).
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -21,6 +26,9 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "gpumem/torch/cuda_allocator.hpp"
+#include "gpumem/trace/detail/pickle.hpp"
+#include "gpumem/trace/pytorch_snapshot.hpp"
+#include "gpumem/trace/replay.hpp"
 #include "gpumem_cudasim.h"
 
 // Exported by libc10_cuda.so, declared in no installed header.
@@ -56,10 +64,15 @@ bool too_late_mode() {
   return env("GPUMEM_TORCH_TEST_MODE") == "too_late";
 }
 
+bool oom_snapshot_mode() {
+  return env("GPUMEM_TORCH_TEST_MODE") == "oom_snapshot";
+}
+
 class Installed : public ::testing::Test {
  protected:
   void SetUp() override {
     if (too_late_mode()) GTEST_SKIP() << "the too_late run checks installation order only";
+    if (oom_snapshot_mode()) GTEST_SKIP() << "the oom_snapshot run checks that key only";
     ASSERT_NE(gpumem::torch::installed(), nullptr);
     a_ = gpumem::torch::installed();
     c10_alloc::emptyCache();
@@ -327,7 +340,13 @@ TEST_F(Installed, SnapshotSegmentsAndBlocksMatchGpumemsOwn) {
   EXPECT_EQ(allocated_blocks, 2u);
   EXPECT_EQ(reserved,
             static_cast<std::size_t>(c10_alloc::getDeviceStats(0).reserved_bytes[all].current));
-  EXPECT_EQ(info.config_metadata.last_allocator_settings, a_->config().to_string());
+  // The settings, with the policy that ran named: what gpumem-replay's --config recorded replays.
+  const auto recorded =
+      gpumem::allocator_config::parse(info.config_metadata.last_allocator_settings);
+  EXPECT_EQ(recorded.policy, a_->default_pool(0).policy());
+  auto asked = a_->config();
+  asked.policy = recorded.policy;
+  EXPECT_EQ(recorded, asked) << info.config_metadata.last_allocator_settings;
   c10_alloc::raw_delete(p);
   c10_alloc::raw_delete(q);
 }
@@ -1012,6 +1031,189 @@ TEST_F(Installed, MemorySummaryIsPyTorchsTableWithGpumemsSection) {
   EXPECT_NE(summary.find("Allocated memory"), std::string::npos);
   EXPECT_NE(summary.find("policy"), std::string::npos);
   c10_alloc::raw_delete(p);
+}
+
+// --- snapshot on out-of-memory (oom_snapshot:DIR)
+// ---------------------------------------------------------
+
+class OomSnapshot : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!oom_snapshot_mode()) GTEST_SKIP() << "runs with GPUMEM_TORCH_TEST_MODE=oom_snapshot";
+    a_ = gpumem::torch::installed();
+    ASSERT_NE(a_, nullptr);
+    dir_ = a_->config().oom_snapshot;
+    ASSERT_FALSE(dir_.empty()) << "GPUMEM_TORCH_TEST_CONF must set oom_snapshot";
+    c10_alloc::emptyCache();
+  }
+
+  // The snapshots in the directory, by name.
+  std::vector<std::filesystem::path> pickles() const {
+    std::vector<std::filesystem::path> found;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
+      found.push_back(entry.path());
+    }
+    std::sort(found.begin(), found.end());
+    return found;
+  }
+
+  // Asks for `bytes`, which must fail with PyTorch's out-of-memory error; returns what was said on
+  // stderr meanwhile.
+  static std::string out_of_memory(std::size_t bytes) {
+    testing::internal::CaptureStderr();
+    bool raised = false;
+    try {
+      c10_alloc::raw_alloc(bytes);
+    } catch (const c10::OutOfMemoryError&) {
+      raised = true;
+    }
+    std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_TRUE(raised) << bytes << " bytes fit";
+    return err;
+  }
+
+  cuda_allocator* a_ = nullptr;
+  std::string dir_;
+};
+
+// The device traces of a snapshot file, as written.
+std::size_t device_trace_length(const std::filesystem::path& path, int device) {
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto root = gpumem::detail::unpickle(bytes);
+  return root.find("device_traces")
+      ->as_list()
+      .at(static_cast<std::size_t>(device))
+      .as_list()
+      .size();
+}
+
+// The oom events in a snapshot file's trace of `device`.
+std::size_t count_oom_events(const std::filesystem::path& path, int device) {
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto root = gpumem::detail::unpickle(bytes);
+  std::size_t n = 0;
+  for (const auto& e :
+       root.find("device_traces")->as_list().at(static_cast<std::size_t>(device)).as_list()) {
+    if (e.find("action")->as_str() == "oom") ++n;
+  }
+  return n;
+}
+
+TEST_F(OomSnapshot, TheSnapshotReplaysToTheRequestThatFailed) {
+  std::filesystem::remove_all(dir_);  // made again by the snapshot
+  ASSERT_EQ(setenv("RANK", "3", 1), 0);
+  // On the 1 GiB device: 300 MiB freed (cached), 100 MiB and a small block live, then 950 MiB,
+  // which does not fit even once the cache is returned.
+  void* a = c10_alloc::raw_alloc(300 * MiB);
+  void* b = c10_alloc::raw_alloc(100 * MiB);
+  void* c = c10_alloc::raw_alloc(1000);
+  c10_alloc::raw_delete(a);
+  const std::size_t failing = 950 * MiB + 123;
+  const std::string err = out_of_memory(failing);
+
+  const auto files = pickles();
+  ASSERT_EQ(files.size(), 1u) << err;
+  const std::string name = files.front().filename().string();
+  char host[256] = {};
+  ASSERT_EQ(gethostname(host, sizeof host - 1), 0);
+  const std::string prefix = "rank3-" + gpumem::torch::detail::file_name_safe(host) + "-pid" +
+                             std::to_string(getpid()) + "-oom1";
+  EXPECT_EQ(name, prefix + ".pickle");
+  // One line: where, and the command that replays it.
+  const std::string path = std::filesystem::absolute(files.front()).lexically_normal().string();
+  EXPECT_NE(err.find("snapshot written to " + path + "; replay it with: gpumem-replay " + path),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+  // The key records its own history: PyTorch's stays off.
+  EXPECT_FALSE(a_->isHistoryEnabled());
+
+  // The failing request is the oom event with its size: the reader makes it the recorded
+  // out-of-memory, and a replay under the recorded settings fails there too.
+  const gpumem::allocation_trace trace = gpumem::read_pytorch_snapshot(path);
+  ASSERT_TRUE(trace.recorded_oom_event.has_value());
+  EXPECT_EQ(trace.events.at(*trace.recorded_oom_event).size, failing);
+  ASSERT_TRUE(trace.device_memory.has_value());
+  const auto recorded = gpumem::allocator_config::parse(trace.recorded_config);
+  EXPECT_EQ(recorded.policy, a_->default_pool(0).policy()) << trace.recorded_config;
+  gpumem::replay_options ro;
+  ro.device_memory = static_cast<std::size_t>(*trace.device_memory);
+  ro.config = recorded;
+  const auto compiled = gpumem::compile_trace(trace);
+  const gpumem::replay_result r = gpumem::replay_trace(compiled, ro);
+  EXPECT_FALSE(r.completed);
+  EXPECT_EQ(r.oom_event_index, trace.recorded_oom_event);
+  c10_alloc::raw_delete(b);
+  c10_alloc::raw_delete(c);
+  ASSERT_EQ(unsetenv("RANK"), 0);
+}
+
+TEST_F(OomSnapshot, TheHistoryIsTheNewestEventsUpToTheLimit) {
+  std::filesystem::remove_all(dir_);
+  const std::size_t limit = a_->config().oom_snapshot_max_entries;
+  ASSERT_LT(limit, 200u) << "the test configuration sets a small oom_snapshot_max_entries";
+  void* kept = c10_alloc::raw_alloc(64 * MiB);
+  for (int i = 0; i < 100; ++i) c10_alloc::raw_delete(c10_alloc::raw_alloc(MiB + i));
+  const std::string err = out_of_memory(2048 * MiB);
+  const auto files = pickles();
+  ASSERT_EQ(files.size(), 1u) << err;
+  EXPECT_EQ(device_trace_length(files.front(), 0), limit);
+  // What the ring lost is rebuilt from the segments: the snapshot still replays to its failure.
+  const gpumem::allocation_trace trace = gpumem::read_pytorch_snapshot(files.front().string());
+  ASSERT_TRUE(trace.recorded_oom_event.has_value());
+  EXPECT_EQ(trace.events.at(*trace.recorded_oom_event).size, 2048 * MiB);
+  c10_alloc::raw_delete(kept);
+}
+
+TEST_F(OomSnapshot, AFailureToWriteIsALineOnStderrAndTheErrorStillRaised) {
+  std::filesystem::remove_all(dir_);
+  std::ofstream(dir_) << "a file where the directory should be";
+  const std::string err = out_of_memory(4096 * MiB);  // raises PyTorch's error all the same
+  EXPECT_NE(err.find("the snapshot was not written to " + dir_), std::string::npos) << err;
+  std::filesystem::remove(dir_);
+}
+
+// A program that caught an out-of-memory error and went on: the next snapshot replays to the new
+// failure, past the one it caught (whose request allocated nothing).
+TEST_F(OomSnapshot, AnEarlierCaughtOutOfMemoryIsLeftOutOfTheHistory) {
+  std::filesystem::remove_all(dir_);
+  std::ofstream(dir_) << "no snapshot for the first one";
+  out_of_memory(4096 * MiB);
+  std::filesystem::remove(dir_);
+  void* live = c10_alloc::raw_alloc(10 * MiB);
+  const std::string err = out_of_memory(3000 * MiB);
+  const auto files = pickles();
+  ASSERT_EQ(files.size(), 1u) << err;
+  EXPECT_EQ(count_oom_events(files.front(), 0), 1u);
+  const gpumem::allocation_trace trace = gpumem::read_pytorch_snapshot(files.front().string());
+  ASSERT_TRUE(trace.recorded_oom_event.has_value());
+  EXPECT_EQ(trace.events.at(*trace.recorded_oom_event).size, 3000 * MiB);
+  gpumem::replay_options ro;
+  ro.device_memory = static_cast<std::size_t>(trace.device_memory.value_or(0));
+  ro.config = gpumem::allocator_config::parse(trace.recorded_config);
+  const gpumem::replay_result r = gpumem::replay_trace(gpumem::compile_trace(trace), ro);
+  EXPECT_FALSE(r.completed);
+  EXPECT_EQ(r.oom_event_index, trace.recorded_oom_event);
+  c10_alloc::raw_delete(live);
+}
+
+// Runs after the tests above, which wrote three snapshots in this process.
+TEST_F(OomSnapshot, AProcessWritesAtMostThreeSnapshotsAndOverwritesNone) {
+  std::filesystem::remove_all(dir_);
+  std::size_t written = 0;
+  std::string err;
+  for (int i = 0; i < 4 && err.find("no snapshot written") == std::string::npos; ++i) {
+    err = out_of_memory(4096 * MiB);
+    if (err.find("snapshot written to") != std::string::npos) ++written;
+  }
+  EXPECT_NE(err.find("no snapshot written (this process wrote 3 already"), std::string::npos)
+      << err;
+  EXPECT_EQ(pickles().size(), written);
+  EXPECT_NE(out_of_memory(4096 * MiB).find("no snapshot written"), std::string::npos);
+  EXPECT_EQ(pickles().size(), written);
 }
 
 bool has_primary_context(c10::DeviceIndex) {

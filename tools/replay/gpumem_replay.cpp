@@ -68,6 +68,7 @@ constexpr std::string_view enable_pytorch =
 enum class progress_mode { automatic, always, never };
 
 struct config_run;
+struct replayed_input;
 
 struct options {
   std::string trace_path;                // the one being replayed
@@ -76,7 +77,7 @@ struct options {
   std::vector<int> devices_with_data;    // of a PyTorch snapshot, for the header
   // Several inputs: run() hands its JSON objects and its runs back instead of printing them.
   std::vector<std::string>* json_objects = nullptr;
-  std::vector<std::pair<std::string, std::vector<config_run>>>* collected = nullptr;
+  std::vector<replayed_input>* collected = nullptr;
   std::string allocator = "gpumem";  // gpumem, pytorch or cub
   // The memory the allocator may use: --device-memory (or the recording's, or 80 GiB) minus
   // --overhead, once run() has read the trace.
@@ -102,6 +103,7 @@ struct options {
   bool verbose = false;
   bool costs = true;
   int snapshot_device = 0;
+  bool snapshot_device_given = false;  // else a snapshot with one device's data replays that one
   progress_mode progress = progress_mode::automatic;
 };
 
@@ -113,8 +115,10 @@ void print_help() {
       "whether it runs out of memory, where and why, and how much memory it holds. TRACE is a\n"
       "gpumem trace, a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot) or an RMM\n"
       "memory event log (logging_resource_adaptor CSV); the format is recognised by its content.\n"
-      "TRACE - reads it from standard input. Several traces (one per rank, say) are replayed\n"
-      "one after the other, then a table puts them side by side and names the worst.\n"
+      "TRACE - reads it from standard input. Several traces (one per rank, say: gpumem-replay\n"
+      "DIR/*.pickle) are replayed one after the other, then a table lists them worst first\n"
+      "(out of memory first, then the least headroom) and names the worst per configuration;\n"
+      "one that cannot be read is reported and the others are still replayed.\n"
       "\n"
       "options:\n"
       "  --allocator gpumem|pytorch|cub\n"
@@ -164,8 +168,9 @@ void print_help() {
       "                          out-of-memory) and the replayed events, under the first\n"
       "                          configuration, as a PyTorch memory snapshot pickle: open it at\n"
       "                          https://pytorch.org/memory_viz\n"
-      "  --snapshot-device N|all the device of a PyTorch snapshot to replay (default 0; the\n"
-      "                          header says which devices hold data); all: each of them\n"
+      "  --snapshot-device N|all the device of a PyTorch snapshot to replay (default: the one\n"
+      "                          device with data, else 0; the header says which devices hold\n"
+      "                          data); all: each of them\n"
       "  --no-costs              charge no simulated time for device calls (default: typical\n"
       "                          figures for a datacenter GPU, see cost_model::typical)\n"
       "  --progress auto|always|never\n"
@@ -314,6 +319,7 @@ options parse_command_line(int argc, char** argv) {
                                 gpumem::detail::printable_excerpt(v)));
       } else {
         o.snapshot_device = std::stoi(v);
+        o.snapshot_device_given = true;
       }
     } else if (arg == "--progress") {
       const std::string v = value();
@@ -463,6 +469,14 @@ struct config_run {
   /// Out of memory: configurations close to this one that the replay shows would complete
   /// (max_split_size_mb found by trying, expandable segments, stitch).
   std::vector<std::string> completes_with;
+};
+
+/// One input of several, replayed: what the summary table shows of it.
+struct replayed_input {
+  std::string label;
+  std::vector<config_run> runs;
+  std::size_t device_memory = 0;                  // what the allocator had
+  std::optional<std::size_t> recorded_oom_event;  // the recording ran out of memory there
 };
 
 std::string bytes(std::uint64_t b) {
@@ -712,6 +726,7 @@ void print_json(const options& o, const std::vector<config_run>& runs,
     field("device_memory_bytes", std::to_string(o.device_memory));
     field("completed", r.completed ? "true" : "false");
     field("oom_event_index", optional_number(r.oom_event_index));
+    field("recorded_oom_event", optional_number(c.recorded_oom_event));
     field("oom_message", r.completed ? "null" : json_string(r.oom_message));
     field("events", std::to_string(c.ops.size()));
     field("events_replayed", std::to_string(r.events_replayed));
@@ -1296,6 +1311,10 @@ int run(options o) {
   // "-" is standard input (replayed as many times as the flags ask: it is read once).
   if (o.trace_path != "-") {
     o.devices_with_data = snapshot_devices(o.trace_path);
+    // A process writes its own GPU's snapshot (rank 3's device 3): its one device is the default.
+    if (!o.snapshot_device_given && !o.all_devices && o.devices_with_data.size() == 1) {
+      o.snapshot_device = o.devices_with_data.front();
+    }
   }
   gpumem::allocation_trace trace;
   try {
@@ -1422,7 +1441,7 @@ int run(options o) {
     if (trace.source == "pytorch-snapshot" && (o.all_devices || o.snapshot_device != 0)) {
       label += fmt::format(" device {}", o.snapshot_device);
     }
-    o.collected->emplace_back(std::move(label), runs);
+    o.collected->push_back({std::move(label), runs, o.device_memory, compiled.recorded_oom_event});
   }
   if (o.json) {
     print_json(o, runs, compiled, trace);
@@ -1461,25 +1480,48 @@ int run(options o) {
   return 0;
 }
 
-/// Several inputs: a row per input and configuration, then the worst input per configuration (one
-/// that ran out of memory, else the highest minimum device, else the highest peak reserved).
-void print_summary(const options& o,
-                   const std::vector<std::pair<std::string, std::vector<config_run>>>& inputs,
-                   std::size_t given) {
+// How bad a run of one input is, larger is worse: out of memory, then the highest minimum device
+// (--find-min-memory), then the least headroom (the device memory the replay left unreserved),
+// then the highest peak reserved.
+std::tuple<bool, std::uint64_t, std::uint64_t, std::uint64_t> badness(const replayed_input& in,
+                                                                      const config_run& run) {
+  const gpumem::replay_result& r = run.result;
+  const std::uint64_t min = run.min_searched ? run.min_device_memory.value_or(UINT64_MAX) : 0;
+  const std::uint64_t headroom =
+      r.completed && in.device_memory > r.peak_reserved ? in.device_memory - r.peak_reserved : 0;
+  return std::make_tuple(!r.completed, min, UINT64_MAX - headroom, r.peak_reserved);
+}
+
+/// Several inputs: a row per input and configuration, the inputs worst first (by their worst
+/// configuration; see badness), then the worst input per configuration.
+void print_summary(const options& o, std::vector<replayed_input> inputs, std::size_t given) {
+  auto worst_run = [](const replayed_input& in) {
+    auto worst = badness(in, in.runs.front());
+    for (const config_run& run : in.runs) worst = std::max(worst, badness(in, run));
+    return worst;
+  };
+  std::stable_sort(inputs.begin(), inputs.end(),
+                   [&](const replayed_input& a, const replayed_input& b) {
+                     return worst_run(a) > worst_run(b);
+                   });
   std::vector<std::vector<std::string>> rows;
-  rows.push_back(
-      {"trace", "config", "result", "peak requested", "peak reserved", "reserved/requested"});
+  rows.push_back({"trace", "config", "result", "recorded", "peak requested", "peak reserved",
+                  "reserved/requested", "headroom"});
   if (o.find_min_memory) rows.front().push_back("min device memory");
-  for (const auto& [label, runs] : inputs) {
-    for (const config_run& run : runs) {
+  for (const replayed_input& in : inputs) {
+    for (const config_run& run : in.runs) {
       const gpumem::replay_result& r = run.result;
       std::vector<std::string> row = {
-          gpumem::detail::printable(label),
+          gpumem::detail::printable(in.label),
           run.text.empty() ? "(default)" : gpumem::detail::printable(run.text),
           r.completed ? "completed" : fmt::format("OOM at event {}", *r.oom_event_index),
+          in.recorded_oom_event ? fmt::format("OOM at event {}", *in.recorded_oom_event) : "-",
           bytes(r.peak_requested),
           bytes(r.peak_reserved),
-          ratio(r.peak_reserved, r.peak_requested)};
+          ratio(r.peak_reserved, r.peak_requested),
+          r.completed && in.device_memory >= r.peak_reserved
+              ? bytes(in.device_memory - r.peak_reserved)
+              : "-"};
       if (o.find_min_memory) {
         row.push_back(run.min_device_memory ? bytes(*run.min_device_memory)
                                             : "> " + bytes(o.min_memory_limit));
@@ -1491,7 +1533,7 @@ void print_summary(const options& o,
   for (const auto& row : rows) {
     for (std::size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
   }
-  fmt::print("\n=== {} traces ===\n", given);
+  fmt::print("\n=== {} traces, worst first ===\n", given);
   if (inputs.size() < given) {
     fmt::print("({} could not be replayed: see the messages above)\n", given - inputs.size());
   }
@@ -1500,33 +1542,34 @@ void print_summary(const options& o,
     for (std::size_t i = 0; i < row.size(); ++i) {
       if (i != 0) line += "  ";
       line +=
-          i < 3 ? fmt::format("{:<{}}", row[i], width[i]) : fmt::format("{:>{}}", row[i], width[i]);
+          i < 4 ? fmt::format("{:<{}}", row[i], width[i]) : fmt::format("{:>{}}", row[i], width[i]);
     }
     while (!line.empty() && line.back() == ' ') line.pop_back();
     fmt::print("{}\n", line);
   }
-  // The worst input per configuration (configurations in the first input's order).
-  const std::size_t configs = inputs.empty() ? 0 : inputs.front().second.size();
+  // The worst input per configuration (configurations in the worst input's order).
+  const std::size_t configs = inputs.empty() ? 0 : inputs.front().runs.size();
   for (std::size_t k = 0; k < configs; ++k) {
     std::size_t worst = 0;
-    auto badness = [&](std::size_t i) {
-      const config_run& run = inputs[i].second[k];
-      const std::uint64_t min = run.min_searched ? run.min_device_memory.value_or(UINT64_MAX) : 0;
-      return std::make_tuple(!run.result.completed, min, run.result.peak_reserved);
-    };
     for (std::size_t i = 1; i < inputs.size(); ++i) {
-      if (inputs[i].second.size() == configs && badness(i) > badness(worst)) worst = i;
+      if (inputs[i].runs.size() == configs &&
+          badness(inputs[i], inputs[i].runs[k]) > badness(inputs[worst], inputs[worst].runs[k])) {
+        worst = i;
+      }
     }
-    const config_run& run = inputs[worst].second[k];
+    const config_run& run = inputs[worst].runs[k];
     std::string why = run.result.completed
                           ? fmt::format("peak reserved {}", bytes(run.result.peak_reserved))
                           : fmt::format("out of memory at event {}", *run.result.oom_event_index);
+    if (!run.result.completed && inputs[worst].recorded_oom_event == run.result.oom_event_index) {
+      why += ", as recorded";
+    }
     if (run.min_searched && run.min_device_memory) {
       why += fmt::format(", needs {}", bytes(*run.min_device_memory));
     }
     fmt::print("worst for \"{}\": {} ({})\n",
                run.text.empty() ? "(default)" : gpumem::detail::printable(run.text),
-               gpumem::detail::printable(inputs[worst].first), why);
+               gpumem::detail::printable(inputs[worst].label), why);
   }
 }
 
@@ -1549,7 +1592,7 @@ int run_all(const options& given) {
     return run(o);
   }
   std::vector<std::string> json_objects;
-  std::vector<std::pair<std::string, std::vector<config_run>>> collected;
+  std::vector<replayed_input> collected;
   int status = 0;
   for (const auto& [path, device] : inputs) {
     options o = given;
@@ -1568,6 +1611,11 @@ int run_all(const options& given) {
       status = 1;
     } catch (const gpumem::trace_error& e) {
       std::fprintf(stderr, "gpumem-replay: %s\n", gpumem::detail::printable(e.what()).c_str());
+      status = 1;
+    } catch (const std::exception& e) {  // one input's failure, not the others'
+      std::fprintf(stderr, "gpumem-replay: %s: replay failed: %s\n",
+                   gpumem::detail::printable(path).c_str(),
+                   gpumem::detail::printable(e.what()).c_str());
       status = 1;
     }
     if (!given.json) fmt::print("\n");

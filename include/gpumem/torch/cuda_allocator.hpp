@@ -18,6 +18,10 @@
 // values and totals exactly, peaks as the sum of each allocator's peak (an upper bound). With
 // caching disabled (enable(false)) allocations are plain cudaMalloc, outside every allocator.
 //
+// With oom_snapshot:DIR set, an out-of-memory error is preceded by a snapshot of the failing GPU in
+// DIR, replayable with gpumem-replay (gpumem/torch/oom_snapshot.hpp; README.md, "Snapshot on
+// out-of-memory").
+//
 // Compiles against torch 2.8 through 2.15 (TORCH_VERSION_MAJOR/MINOR guards). Needs c10 and
 // c10_cuda only (the headers under the wheel's torch/include and libc10_cuda.so); link
 // ${TORCH_LIBRARIES} or gpumem's gpumem::c10_cuda.
@@ -84,6 +88,7 @@
 #include "gpumem/detail/format.hpp"
 #include "gpumem/device/cuda_vmm_device.hpp"
 #include "gpumem/error.hpp"
+#include "gpumem/torch/oom_snapshot.hpp"
 
 namespace gpumem::torch {
 
@@ -805,7 +810,13 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   // refuses newer versions, so write the one the running torch reads.
   static constexpr int ipc_handle_version = GPUMEM_TORCH_AT_LEAST(2, 13) ? 3 : 2;
 
-  explicit cuda_allocator(allocator_config config) : config_(std::move(config)) {}
+  explicit cuda_allocator(allocator_config config) : config_(std::move(config)) {
+    trace_wanted_.store(oom_snapshot_on(), std::memory_order_release);
+  }
+
+  bool oom_snapshot_on() const noexcept {
+    return !config_.oom_snapshot.empty();
+  }
 
   static bool is_default(const mempool_id& id) noexcept {
     return id.first == 0 && id.second == 0;
@@ -843,7 +854,9 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     const auto device = static_cast<c10::DeviceIndex>(s.device.index());
     a->set_event_observer(
         [this, device, id](const allocator_event<cudaStream_t>& e) { on_event(device, id, e); });
-    if (history_enabled_.load(std::memory_order_acquire)) a->set_reserved_events(true);
+    if (history_enabled_.load(std::memory_order_acquire) || oom_snapshot_on()) {
+      a->set_reserved_events(true);
+    }
     if (is_default(id)) {
       // PyTorch's try_mempool_fallback: the default pool's miss borrows from the pools marked
       // use-on-OOM before it frees its cache (an allocation into a private pool never does).
@@ -1075,6 +1088,7 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
           TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
         }
         if (!retried && release_dead_pools_after_oom(s)) continue;
+        write_oom_snapshot(device);
         report_oom(device, nbytes, e);
         TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
       } catch (const cuda_error& e) {
@@ -1271,9 +1285,10 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     // After trace_mutex_ is released: an allocator's lock comes before it.
     for (const auto& state : devices_) {
       if (!state->main) continue;
-      state->main->set_reserved_events(enabled);
+      const bool reserved_events = enabled || oom_snapshot_on();
+      state->main->set_reserved_events(reserved_events);
       std::lock_guard<std::mutex> lock(state->pools_mutex);
-      for (auto& p : state->pools) p->allocator->set_reserved_events(enabled);
+      for (auto& p : state->pools) p->allocator->set_reserved_events(reserved_events);
     }
   }
 
@@ -1297,7 +1312,8 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
 #endif
     }
     history_enabled_.store(enabled, std::memory_order_release);
-    trace_wanted_.store(enabled || !trackers_.empty(), std::memory_order_release);
+    trace_wanted_.store(enabled || !trackers_.empty() || oom_snapshot_on(),
+                        std::memory_order_release);
   }
 
   // Called by every allocator with its lock held: builds PyTorch's trace entry, hands it to the
@@ -1308,6 +1324,17 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   void on_event(c10::DeviceIndex device, mempool_id pool, const allocator_event<cudaStream_t>& e) {
     if (!trace_wanted_.load(std::memory_order_acquire)) return;
     std::lock_guard<std::mutex> lock(trace_mutex_);
+    // The snapshot's events follow reserved memory, as the history does (segment_view).
+    if (oom_snapshot_on() && e.view != segment_view::device) {
+      if (oom_rings_.size() <= static_cast<std::size_t>(device)) oom_rings_.resize(device + 1);
+      auto& ring = oom_rings_[static_cast<std::size_t>(device)];
+      if (!ring) ring = std::make_unique<oom_event_ring>(config_.oom_snapshot_max_entries);
+      // No time stamp: reading a clock would cost more than the rest of the recording.
+      ring->push(
+          {e.action, e.address, e.size, gpumem::detail::snapshot_stream_id(e.stream), no_time});
+      ++oom_ring_pushes_;
+    }
+    if (trackers_.empty() && !history_enabled_.load(std::memory_order_relaxed)) return;
     std::shared_ptr<c10::GatheredContext> context;
     if (e.action == allocator_action::alloc) context = pending_context();
 #if GPUMEM_TORCH_AT_LEAST(2, 11)
@@ -1353,8 +1380,92 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     return per_device(user_metadata_, device);
   }
 
+  // --- snapshot on out-of-memory (oom_snapshot:DIR; gpumem/torch/oom_snapshot.hpp) ------------
+
+  // Before the out-of-memory error of `device` is raised: writes its snapshot and says on stderr
+  // where and how to replay it, or why not. Never throws: the out-of-memory error is what the
+  // caller must see.
+  void write_oom_snapshot(c10::DeviceIndex device) noexcept {
+    if (!oom_snapshot_on()) return;
+    try {
+      std::lock_guard<std::mutex> serial(oom_snapshot_mutex_);  // one failure's file at a time
+      if (oom_snapshots_written_ >= oom_snapshot_max_files) {
+        std::fprintf(stderr,
+                     "gpumem: out of memory on cuda:%d: no snapshot written (this process wrote "
+                     "%zu already, the most it writes)\n",
+                     static_cast<int>(device), oom_snapshot_max_files);
+        return;
+      }
+      detail::device_state& s = state(device);
+      std::vector<segment_snapshot<cudaStream_t>> segments;
+      std::vector<snapshot_trace_entry> events;
+      // The segments and the events must describe the same moment: another thread may allocate
+      // in between, so take both again when an event arrived meanwhile (events are pushed with an
+      // allocator's lock held, and snapshot() takes it).
+      for (int attempt = 0; attempt < 3; ++attempt) {
+        std::uint64_t pushes = 0;
+        {
+          std::lock_guard<std::mutex> lock(trace_mutex_);
+          pushes = oom_ring_pushes_;
+        }
+        segments = s.main->snapshot();
+        {
+          std::lock_guard<std::mutex> lock(s.pools_mutex);
+          for (auto& p : s.pools) {
+            auto more = p->allocator->snapshot();
+            segments.insert(segments.end(), std::make_move_iterator(more.begin()),
+                            std::make_move_iterator(more.end()));
+          }
+        }
+        std::lock_guard<std::mutex> lock(trace_mutex_);
+        const auto d = static_cast<std::size_t>(device);
+        events = d < oom_rings_.size() && oom_rings_[d] ? oom_rings_[d]->events()
+                                                        : std::vector<snapshot_trace_entry>{};
+        if (pushes == oom_ring_pushes_) break;
+      }
+      // Out-of-memory errors the program caught earlier leave the history: the reader takes the
+      // first oom event for the request that failed, and a replay must go past those (their
+      // requests allocated nothing) to this one.
+      std::size_t last_oom = events.size();
+      for (std::size_t i = 0; i < events.size(); ++i) {
+        if (events[i].action == allocator_action::oom) last_oom = i;
+      }
+      std::vector<snapshot_trace_entry> kept;
+      kept.reserve(events.size());
+      for (std::size_t i = 0; i < events.size(); ++i) {
+        if (events[i].action != allocator_action::oom || i == last_oom) kept.push_back(events[i]);
+      }
+      events.swap(kept);
+      const std::string name =
+          oom_snapshot_file_name(oom_snapshot_rank(), oom_snapshot_host(),
+                                 static_cast<long>(::getpid()), oom_snapshots_written_ + 1);
+      const std::string path = gpumem::torch::write_oom_snapshot(
+          config_.oom_snapshot, name, segments, events, recorded_settings(s.config), device);
+      ++oom_snapshots_written_;
+      std::fprintf(stderr, "%s\n", oom_snapshot_message(device, path).c_str());
+    } catch (const std::exception& e) {
+      std::fprintf(stderr,
+                   "gpumem: out of memory on cuda:%d: the snapshot was not written to %s: %s\n",
+                   static_cast<int>(device), config_.oom_snapshot.c_str(), e.what());
+    } catch (...) {
+      std::fprintf(stderr, "gpumem: out of memory on cuda:%d: the snapshot was not written to %s\n",
+                   static_cast<int>(device), config_.oom_snapshot.c_str());
+    }
+  }
+
   // --- snapshot
   // -----------------------------------------------------------------------------------
+
+  // The settings a snapshot records (allocator_settings' PYTORCH_CUDA_ALLOC_CONF, which
+  // gpumem-replay's "--config recorded" replays): the GPU's, with the policy it ran named (auto
+  // would replay as classic) and without oom_snapshot's keys, which shape no allocation.
+  static std::string recorded_settings(const allocator_config& device_config) {
+    allocator_config recorded = device_config;
+    recorded.policy = device_config.effective_policy(true);
+    recorded.oom_snapshot.clear();
+    recorded.oom_snapshot_max_entries = allocator_config{}.oom_snapshot_max_entries;
+    return recorded.to_string();
+  }
 
   c10_alloc::SnapshotInfo make_snapshot(mempool_id id, bool include_traces) {
     c10_alloc::SnapshotInfo out;
@@ -1390,7 +1501,13 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
 #if GPUMEM_TORCH_AT_LEAST(2, 9)
     c.graph_capture_record_stream_reuse = config_.graph_capture_record_stream_reuse;
 #endif
-    c.last_allocator_settings = config_.to_string();
+    c.last_allocator_settings = recorded_settings(config_);
+    for (const auto& s : devices_) {
+      if (s->main) {
+        c.last_allocator_settings = recorded_settings(s->config);  // classic without VMM
+        break;
+      }
+    }
     c.roundup_power2_divisions.assign(config_.roundup_power2_divisions.begin(),
                                       config_.roundup_power2_divisions.end());
     return out;
@@ -1461,6 +1578,11 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   std::deque<::c10::CachingDeviceAllocator::AnnotationEntry> annotations_;
 #endif
   std::unordered_map<void*, std::shared_ptr<c10::GatheredContext>> contexts_;
+  std::vector<std::unique_ptr<oom_event_ring>> oom_rings_;  // per device, with oom_snapshot
+  std::uint64_t oom_ring_pushes_ = 0;
+
+  std::mutex oom_snapshot_mutex_;
+  std::size_t oom_snapshots_written_ = 0;
 
   std::mutex ipc_mutex_;
   std::unordered_map<std::string, std::weak_ptr<void>> ipc_open_;
