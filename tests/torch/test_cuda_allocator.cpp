@@ -320,6 +320,19 @@ TEST_F(Installed, RecordStreamDefersReuseUntilTheStreamsWorkIsDone) {
 // --- snapshots, history and trackers
 // --------------------------------------------------------------
 
+TEST_F(Installed, ASizeNoDeviceHasIsPyTorchsOneExabyteError) {
+  const auto ooms = c10_alloc::getDeviceStats(0).num_ooms;
+  try {
+    c10_alloc::raw_alloc(std::size_t{1} << 61);
+    ADD_FAILURE() << "2 EiB were allocated";
+  } catch (const c10::OutOfMemoryError& e) {
+    EXPECT_NE(std::string(e.what()).find("Tried to allocate more than 1EB memory"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(c10_alloc::getDeviceStats(0).num_ooms, ooms);  // as in PyTorch: no statistic moves
+}
+
 TEST_F(Installed, SnapshotSegmentsAndBlocksMatchGpumemsOwn) {
   void* p = c10_alloc::raw_alloc(3 * MiB);
   void* q = c10_alloc::raw_alloc(700);

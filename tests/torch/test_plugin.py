@@ -184,6 +184,48 @@ class PluginTest(unittest.TestCase):
             torch.cuda.memory._record_memory_history(enabled=None)
         """, env={"GPUMEM_ALLOC_CONF": "policy:stitch"})
 
+    def test_free_and_empty_cache_stacks_only_under_context_all(self):
+        # PyTorch's test_memory_plots_free_stack / _free_segment_stack: a free's stack and
+        # empty_cache's are recorded under context="all" only.
+        self.check("""
+            import json
+            for context in ("alloc", "all", "state"):
+                torch.cuda.memory.empty_cache()
+                torch.cuda.memory._record_memory_history(context=context)
+                x = None
+                def thealloc():
+                    global x
+                    x = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")
+                def thefree():
+                    global x
+                    del x
+                def theempty():
+                    torch.cuda.memory.empty_cache()
+                thealloc()
+                thefree()
+                theempty()
+                text = json.dumps(torch.cuda.memory._snapshot())
+                assert ("thefree" in text) == (context == "all"), context
+                assert ("theempty" in text) == (context == "all"), context
+                assert ("thealloc" in text) == (context != "state"), context
+                torch.cuda.memory._record_memory_history(None)
+                assert not torch.cuda.memory._snapshot()["device_traces"][0]  # cleared
+        """)
+
+    def test_the_profiler_sees_every_allocation_and_free(self):
+        self.check("""
+            from torch.profiler import profile, ProfilerActivity
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+                x = torch.empty(5 * MiB, dtype=torch.uint8, device="cuda")
+                del x
+            sizes = []
+            for e in prof.events():
+                if e.name == "[memory]":
+                    sizes.append(getattr(e, "device_memory_usage", 0) or
+                                 getattr(e, "cuda_memory_usage", 0))
+            assert 5 * MiB in sizes and -5 * MiB in sizes, sizes
+        """)
+
     def test_pluggable_allocator_route(self):
         self.check(f"""
             alloc = torch.cuda.memory.CUDAPluggableAllocator({PLUGIN!r}, "gpumem_malloc", "gpumem_free")

@@ -294,6 +294,10 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
       // then (it would synchronise and free memory the capture may use); gpumem skips the dead
       // pools too, whose cudaFree or unmap would break a capture in global mode.
       if (s.allocating_to_pools.load(std::memory_order_acquire) > 0) continue;
+      pending_context() = free_context();
+      struct reset_context {
+        ~reset_context() { pending_context().reset(); }
+      } reset;
       s.main->empty_cache();
       std::lock_guard<std::mutex> lock(s.pools_mutex);
       release_dead_pools(s);
@@ -1067,6 +1071,9 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   // ---------------------------------------------------------------------------------
 
   void* malloc_on(c10::DeviceIndex device, std::size_t nbytes, cudaStream_t stream) {
+    // PyTorch's words for a size no device has (before any statistic moves, as in PyTorch).
+    TORCH_CHECK_WITH(OutOfMemoryError, nbytes <= gpumem::detail::k_max_request,
+                     "CUDA out of memory. Tried to allocate more than 1EB memory.");
     detail::device_state& s = state(device);
     std::shared_ptr<c10::GatheredContext> context;
     const bool history = history_enabled_.load(std::memory_order_acquire);
@@ -1101,7 +1108,33 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
       std::lock_guard<std::mutex> lock(trace_mutex_);
       contexts_[ptr] = std::move(context);
     }
+    if (C10_UNLIKELY(c10::memoryProfilingEnabled())) {
+      report_to_profiler(device, ptr, static_cast<std::int64_t>(nbytes));
+    }
     return ptr;
+  }
+
+  // torch.profiler(profile_memory=True): each allocation (+) and free (-) with the GPU's
+  // allocated and reserved totals, as PyTorch's allocator reports them.
+  void report_to_profiler(c10::DeviceIndex device, void* ptr, std::int64_t bytes) {
+    const c10::CachingDeviceAllocator::DeviceStats stats = getDeviceStats(device);
+    c10::reportMemoryUsageToProfiler(ptr, bytes,
+                                     static_cast<std::size_t>(stats.allocated_bytes[0].current),
+                                     static_cast<std::size_t>(stats.reserved_bytes[0].current),
+                                     c10::Device(c10::DeviceType::CUDA, device));
+  }
+
+  // Under _record_memory_history(context="all"): the stack of a free or an empty_cache, for the
+  // trace entries it causes (PyTorch records them too); empty otherwise.
+  std::shared_ptr<c10::GatheredContext> free_context() {
+    if (!history_enabled_.load(std::memory_order_acquire)) return nullptr;
+    c10_alloc::CreateContextFn recorder = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(trace_mutex_);
+      if (record_context_ != c10_alloc::RecordContext::ALL) return nullptr;
+      recorder = context_recorder_;
+    }
+    return recorder != nullptr ? recorder() : nullptr;
   }
 
   // Allocates where PyTorch would: in the most recently begun pool being allocated to whose
@@ -1243,6 +1276,23 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
       std::lock_guard<std::mutex> lock(trace_mutex_);
       contexts_.erase(ptr);
     }
+    pending_context() = free_context();
+    struct reset_context {
+      ~reset_context() { pending_context().reset(); }
+    } reset;
+    if (C10_UNLIKELY(c10::memoryProfilingEnabled())) {
+      for (const auto& state : devices_) {
+        if (state->main && state->main->owns(ptr)) {
+          const std::size_t size = state->main->allocation_size(ptr);
+          const bool freed = state->main->try_deallocate(ptr);
+          if (freed) {
+            report_to_profiler(static_cast<c10::DeviceIndex>(state->device.index()), ptr,
+                               -static_cast<std::int64_t>(size));
+          }
+          return freed;
+        }
+      }
+    }
     const std::size_t n = devices_.size();
     for (std::size_t k = 0; k < n; ++k) {
       detail::device_state& s = *devices_[(static_cast<std::size_t>(hint) + k) % n];
@@ -1335,8 +1385,9 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
       ++oom_ring_pushes_;
     }
     if (trackers_.empty() && !history_enabled_.load(std::memory_order_relaxed)) return;
-    std::shared_ptr<c10::GatheredContext> context;
-    if (e.action == allocator_action::alloc) context = pending_context();
+    // An alloc's stack (context >= "alloc"); a free's or empty_cache's (context="all": set by
+    // free_anywhere / emptyCache only then).
+    std::shared_ptr<c10::GatheredContext> context = pending_context();
 #if GPUMEM_TORCH_AT_LEAST(2, 11)
     c10_alloc::TraceEntry entry(detail::trace_action(e.action), device, e.address, e.size, e.stream,
                                 pool, c10::getApproximateTime(), std::move(context),
