@@ -8,9 +8,9 @@
 //
 // It holds the failing GPU's segments and its newest allocator events (oom_event_ring, bounded by
 // oom_snapshot_max_entries; no stack frames, no time stamps), the last of them the `oom` event with
-// the size that failed, so that gpumem-replay replays the program up to that request and tries it. Nothing here needs c10:
-// cuda_allocator.hpp feeds the ring and calls write_oom_snapshot; the Python package
-// (gpumem.snapshot_on_oom) names its files the same way.
+// the size that failed, so that gpumem-replay replays the program up to that request and tries it.
+// Nothing here needs c10: cuda_allocator.hpp feeds the ring and calls write_oom_snapshot; the
+// Python package (gpumem.snapshot_on_oom) names its files the same way.
 //
 // Thread safety: the free functions share nothing; one oom_event_ring is guarded by its owner.
 // Errors: write_oom_snapshot throws (std::system_error, std::invalid_argument); the adapter turns
