@@ -436,18 +436,7 @@ class caching_allocator {
       b = allocate_new_block(p, size, rounded);
       if (b == nullptr) return std::exchange(fallback_ptr_, nullptr);  // served elsewhere
     }
-    void* ptr = alloc_found_block(b, *b->owner, rounded, size);  // stitch may borrow another's
-    if (observer_) {
-      report_reserved_changes();
-      notify(allocator_action::alloc, reinterpret_cast<std::uintptr_t>(ptr), size, stream);
-      if (observer_error_) {
-        // Undone: the caller gets the observer's exception and no pointer.
-        release_allocated(allocated_.erase(reinterpret_cast<std::uintptr_t>(ptr)));
-        report_reserved_changes();
-        rethrow_observer_error();
-      }
-    }
-    return ptr;
+    return hand_out(b, rounded, size, stream);  // stitch may borrow another's pages
   }
 
   /// allocate(size, device.default_stream()).
@@ -472,17 +461,7 @@ class caching_allocator {
       b = borrow_block(p, rounded, true);
     }
     if (b == nullptr) return nullptr;
-    void* ptr = alloc_found_block(b, *b->owner, rounded, size);
-    if (observer_) {
-      report_reserved_changes();
-      notify(allocator_action::alloc, reinterpret_cast<std::uintptr_t>(ptr), size, stream);
-      if (observer_error_) {
-        release_allocated(allocated_.erase(reinterpret_cast<std::uintptr_t>(ptr)));
-        report_reserved_changes();
-        rethrow_observer_error();
-      }
-    }
-    return ptr;
+    return hand_out(b, rounded, size, stream);
   }
 
   /// Where a miss goes when the device refuses its first request, before this allocator frees any
@@ -945,6 +924,23 @@ class caching_allocator {
     } catch (...) {
       if (!observer_error_) observer_error_ = std::current_exception();
     }
+  }
+
+  // allocate's and allocate_cached's last step: block b (found or made) is handed out for `size`
+  // bytes and the observer told. An observer that throws undoes it: the caller gets the exception
+  // and no pointer.
+  void* hand_out(block_type* b, std::size_t rounded, std::size_t size, stream_type stream) {
+    void* ptr = alloc_found_block(b, *b->owner, rounded, size);
+    if (observer_) {
+      report_reserved_changes();
+      notify(allocator_action::alloc, reinterpret_cast<std::uintptr_t>(ptr), size, stream);
+      if (observer_error_) {
+        release_allocated(allocated_.erase(reinterpret_cast<std::uintptr_t>(ptr)));
+        report_reserved_changes();
+        rethrow_observer_error();
+      }
+    }
+    return ptr;
   }
 
   static bool is_segment_action(allocator_action a) noexcept {
