@@ -111,7 +111,7 @@ class stream_event_queue {
       }
     }
     queues_.clear();
-    for (const auto& [device, e] : free_) swallow([&] { device_.destroy_event(e); });
+    for (const auto& entry : free_) swallow([&] { device_.destroy_event(entry.second); });
     free_.clear();
   }
 
