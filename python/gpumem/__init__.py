@@ -9,11 +9,15 @@
 
     gpumem.snapshot_on_oom("/shared/oom")  # a replayable snapshot per rank at an out-of-memory error
 
+    with gpumem.legacy_segments():         # cudaMalloc memory, e.g. for CUDA IPC
+        buffer = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+
 The replay side needs neither CUDA nor torch. install() needs libgpumem_torch.so, which is built
 when the package is installed into an environment that has torch (README.md, "The Python
 package").
 """
 
+import contextlib
 import ctypes
 import json
 import os
@@ -26,8 +30,8 @@ from . import _build_info
 
 __version__ = _build_info.VERSION
 __all__ = [
-    "GpumemError", "ConfigError", "install", "is_installed", "memory_summary", "stats",
-    "plugin_path", "replay_path", "replay", "snapshot_on_oom", "torch_version",
+    "GpumemError", "ConfigError", "install", "is_installed", "legacy_segments", "memory_summary",
+    "stats", "plugin_path", "replay_path", "replay", "snapshot_on_oom", "torch_version",
 ]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -179,6 +183,37 @@ def stats(device=None):
     """gpumem's statistics of `device` (default: the current one) as a dict with the keys of
     torch.cuda.memory_stats() ("allocated_bytes.all.current", ...)."""
     return json.loads(_text(lambda lib: lib.gpumem_memory_stats_json, "stats", device))
+
+
+@contextlib.contextmanager
+def legacy_segments():
+    """Within the block, new allocations of PyTorch's default pool come from cudaMalloc segments
+    under gpumem's expandable and stitch policies, as torch.cuda.memory._set_allocator_settings(
+    "expandable_segments:False") gives them; for memory that CUDA IPC (cudaIpcGetMemHandle) must
+    share or a library needs as cudaMalloc memory. After it, the state before the block (the
+    configured policy, unless the switch was already on). Tensors made inside stay valid after it
+    and may be freed anywhere. Under policy:classic every segment is a cudaMalloc one already;
+    private pools (MemPool, CUDA graphs) keep their policy. Raises GpumemError when gpumem is not
+    PyTorch's CUDA allocator in this process."""
+    lib = _loaded_plugin()
+    if lib is None or lib.gpumem_installed() != 1:
+        raise GpumemError("gpumem.legacy_segments: gpumem is not PyTorch's CUDA allocator in this "
+                          "process (call gpumem.install() before the first CUDA tensor)")
+    try:
+        switch = lib.gpumem_set_legacy_segments
+    except AttributeError:
+        raise GpumemError("gpumem.legacy_segments: the loaded libgpumem_torch.so is older than "
+                          "this package; reinstall gpumem") from None
+    switch.restype = ctypes.c_int
+    switch.argtypes = [ctypes.c_int]
+    before = switch(1)
+    if before < 0:
+        raise GpumemError("gpumem.legacy_segments: " +
+                          lib.gpumem_last_error().decode(errors="replace"))
+    try:
+        yield
+    finally:
+        switch(before)
 
 
 def _size(value, name):

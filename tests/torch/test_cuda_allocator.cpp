@@ -1037,6 +1037,129 @@ TEST_F(Installed, WhatGpumemCannotDoSaysSo) {
   EXPECT_THROW(c10_alloc::getDeviceStats(5), c10::Error);  // one simulated GPU
 }
 
+#if GPUMEM_TORCH_AT_LEAST(2, 11)
+// --- expandable_segments at run time (torch.cuda.memory._set_allocator_settings)
+// ------------------------------------------------
+
+// Whether sharing `p` took the cudaMalloc path of IPC (cudaIpcGetMemHandle, a 'c' handle). The
+// simulator lacks cudaIpcGetMemHandle: reaching it is a CUDA error and one unimplemented call.
+bool shared_as_cuda_malloc(void* p) {
+  const auto unimplemented = sim().unimplemented;
+  try {
+    const c10_alloc::ShareableHandle h = c10_alloc::shareIpcHandle(p);
+    return h.handle.size() > 1 && h.handle[1] == 'c';
+  } catch (const c10::Error& e) {
+    const std::string message = e.what();
+    return message.find("not supported by gpumem") == std::string::npos &&
+           sim().unimplemented == unimplemented + 1;
+  }
+}
+
+// The snapshot's segment holding `p`.
+c10_alloc::SegmentInfo segment_holding(void* p) {
+  const auto address = reinterpret_cast<std::size_t>(p);
+  for (const auto& seg : c10_alloc::snapshot().segments) {
+    if (seg.address <= address && address < seg.address + seg.total_size) return seg;
+  }
+  ADD_FAILURE() << "no segment holds " << p;
+  return {};
+}
+
+// Legacy segments are off after each test, whatever it asked for.
+struct legacy_segments_off {
+  cuda_allocator* a;
+  ~legacy_segments_off() { a->set_legacy_segments(false); }
+};
+
+// What users do around code that needs cudaMalloc memory (custom all-reduce buffers, DeepEP,
+// UCX): expandable_segments:False before it, :True after, as PyTorch's own allocator reads the
+// setting at each allocation.
+TEST_F(Installed, ExpandableSegmentsFalseAtRunTimeGivesCudaMallocSegmentsUntilSetBack) {
+  if (classic()) GTEST_SKIP() << "classic: every segment is a cudaMalloc one";
+  legacy_segments_off off{a_};
+  void* before = c10_alloc::raw_alloc(3 * MiB);  // the configured policy's
+  EXPECT_FALSE(shared_as_cuda_malloc(before));
+  EXPECT_TRUE(segment_holding(before).is_expandable);
+
+  c10::CachingAllocator::setAllocatorSettings("expandable_segments:False");
+  EXPECT_TRUE(a_->legacy_segments());
+  const gpumemSimCounters start = sim();
+  void* legacy = c10_alloc::raw_alloc(3 * MiB);
+  EXPECT_EQ(sim().calls.malloc, start.calls.malloc + 1);  // one cudaMalloc segment
+  EXPECT_EQ(sim().calls.address_reserve, start.calls.address_reserve);
+  EXPECT_EQ(sim().calls.mem_create, start.calls.mem_create);
+  const c10_alloc::SegmentInfo seg = segment_holding(legacy);
+  EXPECT_FALSE(seg.is_expandable);
+  EXPECT_EQ(seg.owner_private_pool_id, (c10::cuda::MempoolId_t{0, 0}));
+  EXPECT_TRUE(shared_as_cuda_malloc(legacy));
+  std::size_t base_size = 0;
+  EXPECT_EQ(c10_alloc::get()->getBaseAllocation(legacy, &base_size),
+            reinterpret_cast<void*>(seg.address));
+  EXPECT_EQ(base_size, seg.total_size);
+
+  // PyTorch's statistics count both kinds of segment, as PyTorch counts all of its own.
+  auto stats = c10_alloc::getDeviceStats(0);
+  const gpumem::device_stats main = a_->default_pool(0).stats();
+  EXPECT_EQ(stats.allocation[all].current, 2);
+  EXPECT_EQ(stats.allocated_bytes[all].current,
+            main.allocated_bytes[all].current + static_cast<int64_t>(3 * MiB));
+  EXPECT_EQ(stats.reserved_bytes[all].current,
+            main.reserved_bytes[all].current + static_cast<int64_t>(seg.total_size));
+  EXPECT_EQ(stats.segment[all].current, main.segment[all].current + 1);
+
+  c10_alloc::raw_delete(before);  // allocated before the switch, freed while it is on
+  EXPECT_EQ(a_->default_pool(0).stats().allocation[all].current, 0);
+
+  c10::CachingAllocator::setAllocatorSettings("expandable_segments:True");
+  EXPECT_FALSE(a_->legacy_segments());
+  void* after = c10_alloc::raw_alloc(3 * MiB);
+  EXPECT_TRUE(segment_holding(after).is_expandable);
+  EXPECT_FALSE(shared_as_cuda_malloc(after));
+  EXPECT_EQ(sim().calls.malloc, start.calls.malloc + 1);
+
+  c10_alloc::raw_delete(legacy);  // freed after switching back: where it came from
+  stats = c10_alloc::getDeviceStats(0);
+  EXPECT_EQ(stats.allocation[all].current, 1);
+  EXPECT_EQ(stats.allocated_bytes[all].current,
+            a_->default_pool(0).stats().allocated_bytes[all].current);
+  c10_alloc::emptyCache();  // returns the cudaMalloc segment too
+  EXPECT_EQ(sim().calls.free, start.calls.free + 1);
+  EXPECT_EQ(sim().live_segments, start.live_segments);
+  EXPECT_EQ(c10_alloc::getDeviceStats(0).reserved_bytes[all].current,
+            a_->default_pool(0).stats().reserved_bytes[all].current);
+  c10_alloc::raw_delete(after);
+}
+
+TEST_F(Installed, OnlySettingsThatNameExpandableSegmentsSwitchLegacySegments) {
+  legacy_segments_off off{a_};
+  c10::CachingAllocator::setAllocatorSettings("expandable_segments:False");
+  EXPECT_TRUE(a_->legacy_segments());
+  c10::CachingAllocator::setAllocatorSettings("roundup_power2_divisions:[256:4,>:1]");
+  EXPECT_TRUE(a_->legacy_segments());
+  c10::CachingAllocator::setAllocatorSettings("max_split_size_mb:40, expandable_segments : True");
+  EXPECT_FALSE(a_->legacy_segments());
+  EXPECT_THROW(c10::CachingAllocator::setAllocatorSettings("expandable_segments:maybe"),
+               c10::Error);
+  EXPECT_FALSE(a_->legacy_segments());
+}
+
+// gpumem's own switch, and a pool's policy, whatever the setting: the default pool only.
+TEST_F(Installed, LegacySegmentsLeavePrivatePoolsAndClassicAlone) {
+  legacy_segments_off off{a_};
+  const auto pool = next_pool_id();
+  c10_alloc::get()->createOrIncrefPool(0, pool);
+  a_->set_legacy_segments(true);
+  void* in_pool = alloc_in_pool(pool, 3 * MiB);
+  void* in_default = c10_alloc::raw_alloc(3 * MiB);
+  EXPECT_EQ(segment_holding(in_pool).is_expandable, !classic());
+  EXPECT_FALSE(segment_holding(in_default).is_expandable);
+  c10_alloc::raw_delete(in_pool);
+  c10_alloc::raw_delete(in_default);
+  destroy_mempool(pool);
+  EXPECT_EQ(c10_alloc::getDeviceStats(0).allocation[all].current, 0);
+}
+#endif
+
 TEST_F(Installed, MemorySummaryIsPyTorchsTableWithGpumemsSection) {
   void* p = c10_alloc::raw_alloc(10 * MiB);
   const std::string summary = a_->memory_summary(0);

@@ -347,6 +347,104 @@ class PluginTest(unittest.TestCase):
             lib.gpumem_free(ctypes.c_void_p(p), 1024, 0, None)
         """)
 
+    # What users do around code that needs cudaMalloc memory (custom all-reduce buffers, DeepEP,
+    # UCX): expandable_segments:False before it, :True after.
+    SEGMENTS = """
+        def segment(t):
+            p = t.data_ptr()
+            for s in torch.cuda.memory_snapshot():
+                if s["address"] <= p < s["address"] + s["total_size"]:
+                    return s
+            raise AssertionError("no segment holds the tensor")
+
+        def shared_as_cuda_malloc(t):
+            # The cudaMalloc way of IPC is cudaIpcGetMemHandle, which the simulator lacks: reaching
+            # it is a CUDA error and one unimplemented call.
+            before = counters().unimplemented
+            try:
+                handle = t.untyped_storage()._share_cuda_()[1]
+            except RuntimeError as e:
+                return "not supported by gpumem" not in str(e) and \
+                    counters().unimplemented == before + 1
+            return handle[1:2] == b"c"
+
+        def mib(n):
+            return torch.empty(n * MiB, dtype=torch.uint8, device="cuda")
+    """
+
+    def check_segments(self, code, env):
+        return self.check(textwrap.dedent(self.SEGMENTS) + textwrap.dedent(code), env)
+
+    def test_expandable_segments_false_at_run_time_gives_cuda_malloc_memory(self):
+        for policy in ("expandable", "stitch"):
+            with self.subTest(policy=policy):
+                self.check_segments("""
+                    a = mib(3)
+                    assert segment(a)["is_expandable"] and not shared_as_cuda_malloc(a)
+                    torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+                    before = counters()
+                    b = mib(3)
+                    seg = segment(b)
+                    assert not seg["is_expandable"], seg
+                    assert counters().malloc == before.malloc + 1
+                    assert counters().address_reserve == before.address_reserve
+                    assert shared_as_cuda_malloc(b)
+                    # torch counts both kinds of segment; gpumem_stats is the configured policy's
+                    s, g = torch.cuda.memory_stats(), gpumem_stats(lib)
+                    assert s["reserved_bytes.all.current"] == \
+                        g["reserved_bytes.all.current"] + seg["total_size"], (s, g)
+                    assert s["allocated_bytes.all.current"] == \
+                        g["allocated_bytes.all.current"] + 3 * MiB, (s, g)
+                    del a  # allocated before the switch, freed while it is on
+                    torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+                    c = mib(3)
+                    assert segment(c)["is_expandable"] and not shared_as_cuda_malloc(c)
+                    del b  # freed after switching back
+                    assert torch.cuda.memory_allocated() == 3 * MiB
+                    torch.cuda.empty_cache()
+                    assert counters().free == before.free + 1
+                    assert all(not x["address"] == seg["address"]
+                               for x in torch.cuda.memory_snapshot())
+                    assert torch.cuda.memory_reserved() == \
+                        gpumem_stats(lib)["reserved_bytes.all.current"]
+                """, env={"GPUMEM_ALLOC_CONF": f"policy:{policy}"})
+
+    def test_under_classic_expandable_segments_at_run_time_changes_nothing(self):
+        self.check_segments("""
+            torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+            a = mib(3)
+            torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+            b = mib(3)
+            assert segment(a)["address"] == segment(b)["address"]  # one 20 MiB segment, split
+            assert not segment(a)["is_expandable"] and shared_as_cuda_malloc(a)
+            assert torch.cuda.memory_stats()["reserved_bytes.all.current"] == \
+                gpumem_stats(lib)["reserved_bytes.all.current"] == 20 * MiB
+        """, env={"GPUMEM_ALLOC_CONF": "policy:classic"})
+
+    def test_gpumem_legacy_segments_is_the_same_switch_without_pytorchs_setting(self):
+        python = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python")
+        self.check_segments(f"""
+            import types
+            sys.path.insert(0, {python!r})
+            info = types.ModuleType("gpumem._build_info")
+            info.VERSION, info.PLUGIN, info.PLUGIN_WHY, info.TORCH_VERSION = "0", False, "", ""
+            sys.modules["gpumem._build_info"] = info
+            import gpumem
+            gpumem._lib = gpumem._declare(lib)  # the plugin this test loaded by path
+            with gpumem.legacy_segments():
+                with gpumem.legacy_segments():
+                    a = mib(3)
+                b = mib(3)
+            c = mib(3)
+            assert not segment(a)["is_expandable"] and shared_as_cuda_malloc(a)
+            assert not segment(b)["is_expandable"] and shared_as_cuda_malloc(b)
+            assert segment(c)["is_expandable"] and not shared_as_cuda_malloc(c)
+            assert lib.gpumem_set_legacy_segments(0) == 0
+            del a, b, c
+            torch.cuda.empty_cache()
+            assert torch.cuda.memory_reserved() == 0
+        """, env={"GPUMEM_ALLOC_CONF": "policy:stitch"})
+
 
 if __name__ == "__main__":
     PLUGIN, CUDASIM = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])

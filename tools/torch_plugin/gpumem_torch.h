@@ -69,6 +69,13 @@ size_t gpumem_memory_stats_json(int device, char* buf, size_t len);
 int gpumem_empty_cache(void);
 int gpumem_reset_peak_stats(int device);
 
+/* Legacy segments on (1) or off (0): while on, new allocations of PyTorch's default pool come from
+ * cudaMalloc segments under the expandable and stitch policies, which CUDA IPC
+ * (cudaIpcGetMemHandle) can share; what torch.cuda.memory._set_allocator_settings(
+ * "expandable_segments:False") does, without changing PyTorch's setting. Returns the state before
+ * (0 or 1), or -1 when gpumem is not installed. */
+int gpumem_set_legacy_segments(int on);
+
 #ifdef __cplusplus
 }
 #endif

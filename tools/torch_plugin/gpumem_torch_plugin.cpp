@@ -191,4 +191,14 @@ int gpumem_reset_peak_stats(int device) {
   return guarded([&] { require_installed().resetPeakStats(device_index(device)); });
 }
 
+int gpumem_set_legacy_segments(int on) {
+  int before = -1;
+  guarded([&] {
+    gpumem::torch::cuda_allocator& a = require_installed();
+    before = a.legacy_segments() ? 1 : 0;
+    a.set_legacy_segments(on != 0);
+  });
+  return before;
+}
+
 }  // extern "C"

@@ -4,7 +4,9 @@
 // max_memory_reserved / empty_cache / set_per_process_memory_fraction, snapshots and memory
 // history, cudnn.benchmark's cacheInfo, ProcessGroupNCCL's segment registration (trace trackers),
 // CUDA-graph private pools, torch.cuda.MemPool / use_mem_pool (nested too) with use_on_oom and
-// no_split, torch.cuda.caching_allocator_enable(False) and IPC (classic policy).
+// no_split, torch.cuda.caching_allocator_enable(False), IPC (classic policy) and
+// torch.cuda.memory._set_allocator_settings("expandable_segments:False") around code that needs
+// cudaMalloc memory (set_legacy_segments).
 //
 //   gpumem::torch::install();                          // before the first CUDA tensor
 //   gpumem::torch::install("policy:stitch,max_split_size_mb:256");
@@ -17,6 +19,9 @@
 // allocator runs the classic policy and never splits. Device statistics add the pools up: current
 // values and totals exactly, peaks as the sum of each allocator's peak (an upper bound). With
 // caching disabled (enable(false)) allocations are plain cudaMalloc, outside every allocator.
+// While legacy segments are asked for under expandable or stitch, the default pool's new
+// allocations go to a second, classic allocator of the GPU (device_state::legacy): its blocks
+// are the default pool's in statistics, snapshots and traces, and are freed back to it.
 //
 // With oom_snapshot:DIR set, an out-of-memory error is preceded by a snapshot of the failing GPU in
 // DIR, replayable with gpumem-replay (gpumem/torch/oom_snapshot.hpp; README.md, "Snapshot on
@@ -54,6 +59,9 @@
 #endif
 
 #include <c10/core/Allocator.h>
+#if GPUMEM_TORCH_AT_LEAST(2, 11)
+#include <c10/core/AllocatorConfig.h>
+#endif
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -224,6 +232,11 @@ struct device_state {
   // pool's lock.
   std::mutex use_on_oom_mutex;
   std::vector<private_pool*> use_on_oom;
+  // The default pool's allocator of cudaMalloc segments (classic), made on the first allocation
+  // while legacy segments are asked for and kept from then on, so that its blocks can be freed
+  // whatever the setting is then. Read without a lock; set once, under pools_mutex.
+  std::unique_ptr<device_allocator> legacy_owner;
+  std::atomic<device_allocator*> legacy{nullptr};
 };
 
 }  // namespace detail
@@ -241,6 +254,20 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   /// stats(), snapshot() and memory_summary() are gpumem's own views. Throws c10::Error for a
   /// device index out of range.
   device_allocator& default_pool(c10::DeviceIndex device) { return *state(device).main; }
+
+  /// Legacy segments: while on, the default pool's new allocations on a GPU running expandable or
+  /// stitch come from cudaMalloc segments (a classic allocator of that GPU), which CUDA IPC
+  /// (cudaIpcGetMemHandle, shareIpcHandle) shares and libraries that need cudaMalloc memory
+  /// accept; off (the default), from the configured policy again. Blocks keep working across a
+  /// switch and are freed where they came from; their cache stays until empty_cache (or an
+  /// out-of-memory retry) returns it. No effect under classic, whose segments are all cudaMalloc
+  /// ones, nor on private pools (MemPool, CUDA graphs), which keep their policy. From torch 2.11,
+  /// torch.cuda.memory._set_allocator_settings with expandable_segments:False turns it on and
+  /// expandable_segments:True off (follow_allocator_settings). Thread-safe; never throws.
+  void set_legacy_segments(bool on) noexcept {
+    legacy_segments_.store(on, std::memory_order_relaxed);
+  }
+  bool legacy_segments() const noexcept { return legacy_segments_.load(std::memory_order_relaxed); }
 
   /// gpumem's memory summary of `device` (PyTorch's table from getDeviceStats, then gpumem's
   /// section: largest free block, fragmentation, device calls, policy).
@@ -299,6 +326,7 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
         ~reset_context() { pending_context().reset(); }
       } reset;
       s.main->empty_cache();
+      if (device_allocator* legacy = legacy_of(s)) legacy->empty_cache();
       std::lock_guard<std::mutex> lock(s.pools_mutex);
       release_dead_pools(s);
     }
@@ -325,6 +353,7 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     detail::device_state& s = state(device);
     c10::CachingDeviceAllocator::DeviceStats out;
     add_stats(out, s.main->stats());
+    if (device_allocator* legacy = legacy_of(s)) add_stats(out, legacy->stats());
     std::lock_guard<std::mutex> lock(s.pools_mutex);
     for (const auto& p : s.pools) {
       const device_stats pool_stats = p->allocator->stats();
@@ -394,6 +423,7 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     detail::device_state& s = state(device);
     std::lock_guard<std::mutex> lock(s.pools_mutex);
     s.main->set_memory_fraction(fraction);
+    if (device_allocator* legacy = legacy_of(s)) legacy->set_memory_fraction(fraction);
     for (auto& p : s.pools) p->allocator->set_memory_fraction(fraction);
   }
 
@@ -482,6 +512,7 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     // PyTorch's captures_underway: every allocator of the device stops querying events, defers
     // the frees of blocks used on other streams, and frees or unmaps nothing until the end.
     s.main->begin_capture();
+    if (device_allocator* legacy = legacy_of(s)) legacy->begin_capture();
     for (auto& q : s.pools) q->allocator->begin_capture();
   }
 
@@ -497,6 +528,7 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     s.active.erase(std::find(s.active.begin(), s.active.end(), p));
     s.allocating_to_pools.store(static_cast<int>(s.active.size()), std::memory_order_release);
     s.main->end_capture();
+    if (device_allocator* legacy = legacy_of(s)) legacy->end_capture();
     for (auto& q : s.pools) q->allocator->end_capture();
   }
 
@@ -771,6 +803,7 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     if (std::find(s.peers.begin(), s.peers.end(), dev) != s.peers.end()) return;
     try {
       s.main->add_peer_access(dev);
+      if (device_allocator* legacy = legacy_of(s)) legacy->add_peer_access(dev);
       for (auto& p : s.pools) p->allocator->add_peer_access(dev);
     } catch (const cuda_error& e) {
       TORCH_CHECK(false, e.what());
@@ -1009,6 +1042,7 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   void for_each_allocator(c10::DeviceIndex device, F&& f) {
     detail::device_state& s = state(device);
     f(*s.main);
+    if (device_allocator* legacy = legacy_of(s)) f(*legacy);
     std::lock_guard<std::mutex> lock(s.pools_mutex);
     for (auto& p : s.pools) f(*p->allocator);
   }
@@ -1137,11 +1171,45 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     return recorder != nullptr ? recorder() : nullptr;
   }
 
+  static device_allocator* legacy_of(const detail::device_state& s) noexcept {
+    return s.legacy.load(std::memory_order_acquire);
+  }
+
+  // The default pool's allocator for a new allocation: s's legacy allocator while legacy segments
+  // are asked for and the GPU runs a VMM policy, else main.
+  device_allocator& default_allocator(detail::device_state& s) {
+    if (C10_LIKELY(!legacy_segments_.load(std::memory_order_relaxed)) ||
+        s.main->policy() == allocator_policy::classic) {
+      return *s.main;
+    }
+    if (device_allocator* legacy = legacy_of(s)) return *legacy;
+    return make_legacy_allocator(s);
+  }
+
+  // s's legacy allocator, made once: the default pool's (its trace entries and out-of-memory
+  // fallback are main's), classic, counted with main against the memory fraction, granted to the
+  // GPU's peers, and in every capture under way on the GPU.
+  device_allocator& make_legacy_allocator(detail::device_state& s) {
+    std::lock_guard<std::mutex> lock(s.pools_mutex);
+    if (device_allocator* legacy = legacy_of(s)) return *legacy;
+    allocator_config classic = s.config;
+    classic.policy = allocator_policy::classic;
+    auto a = make_allocator(s, {0, 0}, classic);
+    a->share_memory_limit_with(*s.main);
+    const double fraction = s.main->memory_fraction();
+    if (fraction < 1.0) a->set_memory_fraction(fraction);
+    for (int peer : s.peers) a->add_peer_access(peer);
+    for (std::size_t i = 0; i < s.active.size(); ++i) a->begin_capture();
+    s.legacy_owner = std::move(a);
+    s.legacy.store(s.legacy_owner.get(), std::memory_order_release);
+    return *s.legacy_owner;
+  }
+
   // Allocates where PyTorch would: in the most recently begun pool being allocated to whose
   // filter takes `stream`, else in the default pool.
   void* allocate_routed(detail::device_state& s, std::size_t nbytes, cudaStream_t stream) {
     if (s.allocating_to_pools.load(std::memory_order_acquire) == 0) {
-      return s.main->allocate(nbytes, stream);
+      return default_allocator(s).allocate(nbytes, stream);
     }
     std::unique_lock<std::mutex> pools_lock(s.pools_mutex);  // keeps the pool alive meanwhile
     device_allocator* a = nullptr;
@@ -1153,7 +1221,7 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     }
     if (a == nullptr) {
       pools_lock.unlock();
-      return s.main->allocate(nbytes, stream);
+      return default_allocator(s).allocate(nbytes, stream);
     }
     // During stream capture, cudaMalloc is allowed only in relaxed mode (as PyTorch does).
     cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
@@ -1178,9 +1246,13 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     try {
       // A live private pool's miss cannot free its own memory: the default pool's cache goes
       // too, as PyTorch's retry frees it for any pool.
-      const std::size_t before = s.main->usage().reserved;
-      s.main->empty_cache();
-      const bool main_released = s.main->usage().reserved < before;
+      bool main_released = false;
+      for (device_allocator* a : {s.main.get(), legacy_of(s)}) {
+        if (a == nullptr) continue;
+        const std::size_t before = a->usage().reserved;
+        a->empty_cache();
+        main_released = a->usage().reserved < before || main_released;
+      }
       std::lock_guard<std::mutex> lock(s.pools_mutex);
       return release_dead_pools(s) || main_released;
     } catch (...) {
@@ -1298,6 +1370,9 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
       detail::device_state& s = *devices_[(static_cast<std::size_t>(hint) + k) % n];
       if (!s.main) continue;
       if (s.main->try_deallocate(ptr)) return true;
+      if (device_allocator* legacy = legacy_of(s); legacy && legacy->try_deallocate(ptr)) {
+        return true;
+      }
       std::lock_guard<std::mutex> lock(s.pools_mutex);
       for (auto& p : s.pools) {
         if (p->allocator->try_deallocate(ptr)) return true;
@@ -1313,6 +1388,7 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
       detail::device_state& s = *devices_[(first + k) % n];
       if (!s.main) continue;
       if (s.main->owns(ptr)) return *s.main;
+      if (device_allocator* legacy = legacy_of(s); legacy && legacy->owns(ptr)) return *legacy;
       std::lock_guard<std::mutex> lock(s.pools_mutex);
       for (auto& p : s.pools) {
         if (p->allocator->owns(ptr)) return *p->allocator;
@@ -1337,6 +1413,8 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
       if (!state->main) continue;
       const bool reserved_events = enabled || oom_snapshot_on();
       state->main->set_reserved_events(reserved_events);
+      if (device_allocator* legacy = legacy_of(*state))
+        legacy->set_reserved_events(reserved_events);
       std::lock_guard<std::mutex> lock(state->pools_mutex);
       for (auto& p : state->pools) p->allocator->set_reserved_events(reserved_events);
     }
@@ -1460,6 +1538,11 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
           pushes = oom_ring_pushes_;
         }
         segments = s.main->snapshot();
+        if (device_allocator* legacy = legacy_of(s)) {
+          auto more = legacy->snapshot();
+          segments.insert(segments.end(), std::make_move_iterator(more.begin()),
+                          std::make_move_iterator(more.end()));
+        }
         {
           std::lock_guard<std::mutex> lock(s.pools_mutex);
           for (auto& p : s.pools) {
@@ -1524,7 +1607,10 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
       detail::device_state& s = *devices_[d];
       if (!s.main) continue;
       const auto device = static_cast<c10::DeviceIndex>(d);
-      if (is_default(id)) add_segments(out, device, {0, 0}, *s.main);
+      if (is_default(id)) {
+        add_segments(out, device, {0, 0}, *s.main);
+        if (device_allocator* legacy = legacy_of(s)) add_segments(out, device, {0, 0}, *legacy);
+      }
       std::lock_guard<std::mutex> lock(s.pools_mutex);
       for (auto& p : s.pools) {
         if (is_default(id) || p->id == id) add_segments(out, device, p->id, *p->allocator);
@@ -1638,7 +1724,8 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   std::mutex ipc_mutex_;
   std::unordered_map<std::string, std::weak_ptr<void>> ipc_open_;
 
-  std::atomic<bool> enabled_{true};  // enable(); false: uncached_allocate
+  std::atomic<bool> enabled_{true};           // enable(); false: uncached_allocate
+  std::atomic<bool> legacy_segments_{false};  // set_legacy_segments
   std::mutex uncached_mutex_;
   std::unordered_map<void*, c10::DeviceIndex> uncached_;  // live memory from uncached_allocate
 };
@@ -1672,6 +1759,46 @@ inline cuda_allocator* installed() noexcept {
   return detail::installed_slot().load(std::memory_order_acquire);
 }
 
+namespace detail {
+
+#if GPUMEM_TORCH_AT_LEAST(2, 11)
+// Whether PyTorch allocator settings ("key:value,key:[list],...") set expandable_segments.
+inline bool sets_expandable_segments(const std::string& settings) {
+  const ::c10::CachingAllocator::ConfigTokenizer tokens(settings);
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] == "expandable_segments") return true;
+    i = tokens.skipKey(i) + 1;  // past the value (or list) to the comma
+  }
+  return false;
+}
+
+// torch.cuda.memory._set_allocator_settings (c10::CachingAllocator::setAllocatorSettings) makes
+// no call on the allocator: PyTorch's own reads expandable_segments again at each allocation.
+// setAllocatorSettings parses the settings, then calls the device configuration hook (CUDA's
+// keys): gpumem wraps that hook, so that settings naming expandable_segments switch legacy
+// segments on (False) or off (True) before CUDA's parse runs as before.
+inline void follow_allocator_settings() {
+  using accelerator_config = ::c10::CachingAllocator::AcceleratorAllocatorConfig;
+  auto& hook = accelerator_config::getConfigParserHook();
+  hook = [cuda_parse = hook](const std::string& settings) {
+    bool sets = false;
+    try {
+      sets = sets_expandable_segments(settings);
+    } catch (...) {
+      // Malformed: PyTorch's parsers have refused it or will (cuda_parse below).
+    }
+    cuda_allocator* a = installed();
+    if (sets && a != nullptr)
+      a->set_legacy_segments(!accelerator_config::use_expandable_segments());
+    if (cuda_parse) cuda_parse(settings);
+  };
+}
+#else
+inline void follow_allocator_settings() {}  // torch < 2.11: not followed
+#endif
+
+}  // namespace detail
+
 inline cuda_allocator& install(const allocator_config& config) {
   static std::mutex install_mutex;
   std::lock_guard<std::mutex> lock(install_mutex);
@@ -1692,6 +1819,7 @@ inline cuda_allocator& install(const allocator_config& config) {
   c10_alloc::allocator.store(a);
   c10::SetAllocator(c10::DeviceType::CUDA, a, std::numeric_limits<std::uint8_t>::max());
   detail::installed_slot().store(a, std::memory_order_release);
+  detail::follow_allocator_settings();
   return *a;
 }
 
