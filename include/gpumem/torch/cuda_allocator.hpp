@@ -29,10 +29,10 @@
 // Thread safety: every member may be called from any thread, as PyTorch's allocator. Errors:
 // PyTorch's own exception types (c10::OutOfMemoryError, c10::Error), so Python sees
 // torch.OutOfMemoryError and RuntimeError as with PyTorch's allocator; what gpumem cannot do
-// throws c10::Error "not supported by gpumem: <reason>", at the call that asks for it (a MemPool
-// with its own allocator: when the pool is made). What PyTorch calls from destructors (MemPool's,
-// CUDAGraph's, a tensor's deleter: releasePool, emptyCache of a pool, setUseOnOOM(false), the
-// DataPtr deleter) never throws; a failure there is reported on stderr.
+// throws c10::Error "not supported by gpumem: <reason>", at the call that asks for it. What PyTorch
+// calls from destructors (MemPool's, CUDAGraph's, a tensor's deleter: releasePool, emptyCache of a
+// pool, setUseOnOOM(false), the DataPtr deleter) never throws; a failure there is reported on
+// stderr.
 #pragma once
 
 #if __has_include(<torch/headeronly/version.h>)
@@ -197,9 +197,34 @@ inline void copy_stats(const stat_array& from, ::c10::CachingAllocator::StatArra
 // it, and goes away, its cache returned to the device, when an emptyCache finds it empty.
 struct private_pool {
   mempool_id id{0, 0};
+  // MemPool(allocator): where the pool's segments come from, and the device that takes them
+  // from it (the allocator keeps a reference). Declared before `allocator`, which frees its
+  // segments through them when destroyed.
+  std::unique_ptr<segment_source> source;
+  std::unique_ptr<cuda_vmm_device> device;
   std::unique_ptr<device_allocator> allocator;
   int use_count = 1;
   std::function<bool(cudaStream_t)> filter;  // set between beginAllocateToPool and end
+};
+
+#if GPUMEM_TORCH_AT_LEAST(2, 11)
+using pool_allocator_handle = std::shared_ptr<c10_alloc::CUDAAllocator>;
+#else
+using pool_allocator_handle = c10_alloc::CUDAAllocator*;  // kept alive by the MemPool
+#endif
+
+// A MemPool's own allocator (a CUDAPluggableAllocator, NCCL's ncclMemAlloc through one) as the
+// source of the pool's segments: PyTorch takes them from its raw_alloc and returns them with
+// raw_delete. Holding it keeps it alive while the pool has segments (torch >= 2.11).
+class pool_allocator_source final : public segment_source {
+ public:
+  explicit pool_allocator_source(pool_allocator_handle allocator)
+      : allocator_(std::move(allocator)) {}
+  void* allocate(std::size_t bytes) override { return allocator_->raw_alloc(bytes); }
+  void deallocate(void* ptr, std::size_t) override { allocator_->raw_delete(ptr); }
+
+ private:
+  pool_allocator_handle allocator_;
 };
 
 // Per GPU: the device, the default pool's allocator and the private pools, created on first use.
@@ -534,11 +559,12 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   // asked; its destructor setUseOnOOM(false) (torch >= 2.11), releasePool and emptyCache(id).
 
 #if GPUMEM_TORCH_AT_LEAST(2, 11)
-  /// Makes pool `id` on `device`, or adds a use to it. Throws c10::Error "not supported by
-  /// gpumem" for a pool with its own allocator (MemPool(allocator)), before anything is made.
+  /// Makes pool `id` on `device`, or adds a use to it. A pool with its own allocator
+  /// (MemPool(allocator)) takes its segments from it and gives them back to it, as PyTorch's: the
+  /// classic policy whatever the configuration, PyTorch's segment sizes.
   void createOrIncrefPool(c10::DeviceIndex device, mempool_id id,
                           std::shared_ptr<c10_alloc::CUDAAllocator> allocator = nullptr) override {
-    create_or_incref_pool(device, id, allocator.get());
+    create_or_incref_pool(device, id, std::move(allocator));
   }
   /// MemPool(use_on_oom=True) (true) and its destructor (false): see set_use_on_oom. Never throws
   /// for false.
@@ -578,7 +604,7 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     if (p->allocator->policy() != allocator_policy::classic && used.reserved == 0) {
       allocator_config classic = s.config;
       classic.policy = allocator_policy::classic;
-      auto replacement = make_pool_allocator(s, id, classic);
+      auto replacement = make_pool_allocator(s, id, classic, p->device.get());
       if (p->use_count <= 0 && !p->filter) replacement->set_memory_fixed(false);
       std::lock_guard<std::mutex> oom_lock(s.use_on_oom_mutex);  // main's fallback reads it
       p->allocator = std::move(replacement);
@@ -853,8 +879,11 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   }
 
   std::unique_ptr<device_allocator> make_allocator(detail::device_state& s, mempool_id id,
-                                                   const allocator_config& config) {
-    auto a = std::make_unique<device_allocator>(s.device, config);
+                                                   const allocator_config& config,
+                                                   cuda_vmm_device* own_device = nullptr) {
+    // own_device: a pool's own (one with a segment source), else the GPU's.
+    auto a =
+        std::make_unique<device_allocator>(own_device != nullptr ? *own_device : s.device, config);
     const auto device = static_cast<c10::DeviceIndex>(s.device.index());
     a->set_event_observer(
         [this, device, id](const allocator_event<cudaStream_t>& e) { on_event(device, id, e); });
@@ -916,10 +945,20 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   // A pool's allocator: its memory fixed while the pool is in use (a captured graph keeps using
   // its addresses), counted with the device's against the memory fraction, granted to the
   // device's peers, and in every capture under way on the device.
-  detail::private_pool& make_pool(detail::device_state& s, const mempool_id& id) {
+  // A pool with a segment source runs classic on it (PyTorch's pools with their own allocator
+  // never use expandable segments).
+  detail::private_pool& make_pool(detail::device_state& s, const mempool_id& id,
+                                  std::unique_ptr<segment_source> source = nullptr) {
     auto p = std::make_unique<detail::private_pool>();
     p->id = id;
-    p->allocator = make_pool_allocator(s, id, s.config);
+    allocator_config config = s.config;
+    if (source) {
+      p->source = std::move(source);
+      p->device = std::make_unique<cuda_vmm_device>(s.device);
+      p->device->set_segment_source(p->source.get());
+      config.policy = allocator_policy::classic;
+    }
+    p->allocator = make_pool_allocator(s, id, config, p->device.get());
     s.pools.push_back(std::move(p));
     return *s.pools.back();
   }
@@ -928,8 +967,9 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   // with s.pools_mutex held.
   std::unique_ptr<device_allocator> make_pool_allocator(detail::device_state& s,
                                                         const mempool_id& id,
-                                                        const allocator_config& config) {
-    auto a = make_allocator(s, id, config);
+                                                        const allocator_config& config,
+                                                        cuda_vmm_device* device) {
+    auto a = make_allocator(s, id, config, device);
     a->set_memory_fixed(true);
     a->share_memory_limit_with(*s.main);
     const double fraction = s.main->memory_fraction();
@@ -948,16 +988,14 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   }
 
   void create_or_incref_pool(c10::DeviceIndex device, mempool_id id,
-                             c10_alloc::CUDAAllocator* allocator) {
-    if (allocator != nullptr && allocator != this) {
-      detail::not_supported("a MemPool with its own allocator",
-                            "gpumem serves every pool itself (make the pool without one)");
-    }
+                             detail::pool_allocator_handle allocator) {
     detail::device_state& s = state(device);
     std::lock_guard<std::mutex> lock(s.pools_mutex);
     if (detail::private_pool* p = find_pool(s, id)) {
       ++p->use_count;
       p->allocator->set_memory_fixed(true);
+    } else if (allocator != nullptr && &*allocator != this) {
+      make_pool(s, id, std::make_unique<detail::pool_allocator_source>(std::move(allocator)));
     } else {
       make_pool(s, id);
     }
