@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -162,8 +163,65 @@ class cuda_device {
     }
   }
 
+  using graph_node_type = cudaGraphNode_t;
+
+  /// Whether `stream` is being captured into a CUDA graph; if so, `out` receives the capture's
+  /// current terminal nodes on it (what work queued next would depend on;
+  /// cudaStreamGetCaptureInfo). Thread-safe. Throws cuda_error, also for an invalidated capture.
+  bool capture_terminals(stream_type stream, std::vector<graph_node_type>& out) {
+    detail::cuda_device_guard guard(stream_device(stream));
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    const graph_node_type* terminals = nullptr;
+    std::size_t count = 0;
+#if CUDART_VERSION >= 13000
+    const cudaError_t got =
+        cudaStreamGetCaptureInfo(stream, &status, nullptr, nullptr, &terminals, nullptr, &count);
+#else
+    const cudaError_t got =
+        cudaStreamGetCaptureInfo_v2(stream, &status, nullptr, nullptr, &terminals, &count);
+#endif
+    if (got != cudaSuccess) {
+      detail::throw_cuda_error(
+          got, fmt::format("cudaStreamGetCaptureInfo(stream {}, ...)", ptr(stream)), index_);
+    }
+    if (status == cudaStreamCaptureStatusInvalidated) {
+      detail::throw_cuda_error(cudaErrorStreamCaptureInvalidated,
+                               fmt::format("cudaStreamGetCaptureInfo(stream {}, ...): the capture "
+                                           "was invalidated",
+                                           ptr(stream)),
+                               index_);
+    }
+    out.assign(terminals, terminals + (status == cudaStreamCaptureStatusActive ? count : 0));
+    return status == cudaStreamCaptureStatusActive;
+  }
+
+  /// The nodes `node` depends on (cudaGraphNodeGetDependencies). Thread-safe. Throws cuda_error.
+  void graph_node_dependencies(graph_node_type node, std::vector<graph_node_type>& out) {
+    std::size_t count = 0;
+#if CUDART_VERSION >= 13000
+    check(cudaGraphNodeGetDependencies(node, nullptr, nullptr, &count),
+          "cudaGraphNodeGetDependencies(node, nullptr, nullptr, &count)");
+    out.resize(count);
+    if (count != 0) {
+      check(cudaGraphNodeGetDependencies(node, out.data(), nullptr, &count),
+            "cudaGraphNodeGetDependencies(node, deps, nullptr, &count)");
+    }
+#else
+    check(cudaGraphNodeGetDependencies(node, nullptr, &count),
+          "cudaGraphNodeGetDependencies(node, nullptr, &count)");
+    out.resize(count);
+    if (count != 0) {
+      check(cudaGraphNodeGetDependencies(node, out.data(), &count),
+            "cudaGraphNodeGetDependencies(node, deps, &count)");
+    }
+#endif
+    out.resize(count);
+  }
+
   /// The legacy default stream (nullptr). Thread-safe; never throws.
-  stream_type default_stream() const noexcept { return nullptr; }
+  stream_type default_stream() const noexcept {
+    return nullptr;
+  }
 
   /// cudaEventCreateWithFlags(cudaEventDisableTiming). Thread-safe. Throws cuda_error.
   event_type create_event() {

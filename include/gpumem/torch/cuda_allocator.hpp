@@ -55,6 +55,9 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#if GPUMEM_TORCH_AT_LEAST(2, 9)
+#include <c10/cuda/CUDAAllocatorConfig.h>  // graph_capture_record_stream_reuse at run time
+#endif
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
@@ -505,9 +508,16 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     s.active.push_back(p);
     s.allocating_to_pools.store(static_cast<int>(s.active.size()), std::memory_order_release);
     // PyTorch's captures_underway: every allocator of the device stops querying events, defers
-    // the frees of blocks used on other streams, and frees or unmaps nothing until the end.
+    // the frees of blocks used on other streams, and frees or unmaps nothing until the end. The
+    // setting that lets such a block be reused within the capture is read now, as PyTorch reads
+    // it at each allocation (torch.cuda.memory._set_allocator_settings changes it at run time).
+    const bool reuse = capture_record_stream_reuse();
+    s.main->set_capture_record_stream_reuse(reuse);
     s.main->begin_capture();
-    for (auto& q : s.pools) q->allocator->begin_capture();
+    for (auto& q : s.pools) {
+      q->allocator->set_capture_record_stream_reuse(reuse);
+      q->allocator->begin_capture();
+    }
   }
 
   /// Ends beginAllocateToPool(device, id, ...) (the use it added stays until releasePool). Throws
@@ -975,8 +985,19 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     const double fraction = s.main->memory_fraction();
     if (fraction < 1.0) a->set_memory_fraction(fraction);
     for (int peer : s.peers) a->add_peer_access(peer);
+    if (!s.active.empty()) a->set_capture_record_stream_reuse(capture_record_stream_reuse());
     for (std::size_t i = 0; i < s.active.size(); ++i) a->begin_capture();
     return a;
+  }
+
+  // graph_capture_record_stream_reuse: gpumem's setting, or PyTorch's as set at run time.
+  bool capture_record_stream_reuse() const {
+#if GPUMEM_TORCH_AT_LEAST(2, 9)
+    if (c10::cuda::CUDACachingAllocator::CUDAAllocatorConfig::graph_capture_record_stream_reuse()) {
+      return true;
+    }
+#endif
+    return config_.graph_capture_record_stream_reuse;
   }
 
   // Call with s.pools_mutex held.
