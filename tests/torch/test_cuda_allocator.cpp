@@ -5,7 +5,8 @@
 // The environment variable GPUMEM_TORCH_TEST_CONF is the configuration installed (ctest runs this
 // program once per policy); GPUMEM_TORCH_TEST_MODE=too_late runs only the installation-order test,
 // GPUMEM_TORCH_TEST_MODE=oom_snapshot only the tests of the oom_snapshot key (its configuration
-// sets the key, on a small simulated device).
+// sets the key, on a small simulated device), GPUMEM_TORCH_TEST_MODE=pytorch_ipc only PyTorch's own
+// allocator's IPC handles (gpumem not installed).
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/prctl.h>
@@ -81,6 +82,7 @@ class Installed : public ::testing::Test {
   void SetUp() override {
     if (too_late_mode()) GTEST_SKIP() << "the too_late run checks installation order only";
     if (oom_snapshot_mode()) GTEST_SKIP() << "the oom_snapshot run checks that key only";
+    if (env("GPUMEM_TORCH_TEST_MODE") == "pytorch_ipc") GTEST_SKIP() << "PyTorch's allocator runs";
     ASSERT_NE(gpumem::torch::installed(), nullptr);
     a_ = gpumem::torch::installed();
     c10_alloc::emptyCache();
@@ -1252,6 +1254,73 @@ TEST_F(Installed, AnotherProcessOpensTheHandleWithPidfdGetfd) {
   c10_alloc::raw_delete(p);
 }
 
+// --- PyTorch's own allocator and gpumem's expandable-segment handles
+// -----------------------------------------------------------------------------------------------
+// GPUMEM_TORCH_TEST_MODE=pytorch_ipc runs these with PyTorch's allocator (expandable_segments:True)
+// and gpumem not installed: PyTorch writes the layout gpumem writes and reads, and opens a handle
+// laid out as gpumem writes it. (Each process has its own simulated GPU, so one allocator's handle
+// cannot be opened by the other in a second process here.)
+
+bool pytorch_ipc_mode() {
+  return env("GPUMEM_TORCH_TEST_MODE") == "pytorch_ipc";
+}
+
+TEST(PyTorchsAllocator, WritesTheExpandableSegmentLayoutGpumemReads) {
+  if (!pytorch_ipc_mode()) GTEST_SKIP() << "runs with GPUMEM_TORCH_TEST_MODE=pytorch_ipc";
+  ASSERT_EQ(gpumem::torch::installed(), nullptr);
+  c10_alloc::init(1);
+  ASSERT_NE(c10_alloc::name(), "gpumem");
+  for (const std::size_t size : {std::size_t{4096}, 5 * MiB + 12345}) {
+    SCOPED_TRACE(size);
+    void* keep = c10_alloc::raw_alloc(size);
+    void* p = c10_alloc::raw_alloc(size);
+    const c10_alloc::ShareableHandle shared = c10_alloc::shareIpcHandle(p);
+    const vmm_handle h = parse_vmm_handle(shared.handle);
+    EXPECT_EQ(h.version, 2);
+    EXPECT_EQ(h.type, 'e');
+    EXPECT_EQ(h.pid, ::getpid());
+    EXPECT_EQ(h.zero, 0u);
+    const std::size_t page = size <= MiB ? 2 * MiB : 20 * MiB;  // gpumem's expandable pages
+    EXPECT_EQ(h.page_size, page);
+    ASSERT_GE(shared.offset, 0);
+    const auto offset = static_cast<std::size_t>(shared.offset);
+    EXPECT_LT(offset, page);
+    EXPECT_EQ(h.pages, (offset + size + page - 1) / page);
+    for (const int fd : h.fds) EXPECT_TRUE(fd_open(fd)) << fd;
+    c10_alloc::raw_delete(p);
+    c10_alloc::raw_delete(keep);
+  }
+}
+
+TEST(PyTorchsAllocator, OpensAnExpandableSegmentHandleLaidOutAsGpumemWritesIt) {
+  if (!pytorch_ipc_mode()) GTEST_SKIP() << "runs with GPUMEM_TORCH_TEST_MODE=pytorch_ipc";
+  c10_alloc::init(1);
+  // Three 2 MiB pages, as stitch shares a block on part of a range.
+  gpumem::cuda_vmm_device producer(0);
+  const std::size_t page = 2 * MiB;
+  std::vector<gpumem::cuda_vmm_device::physical_handle> pages;
+  std::vector<int> fds;
+  for (int i = 0; i < 3; ++i) {
+    pages.push_back(producer.create_physical(page));
+    fds.push_back(producer.export_handle(pages.back()));
+  }
+  const gpumemSimCounters before = sim();
+  {
+    std::shared_ptr<void> opened =
+        c10_alloc::getIpcDevPtr(make_vmm_handle(2, ::getpid(), page, fds));
+    ASSERT_NE(opened.get(), nullptr);
+    EXPECT_EQ(sim().live_mappings, before.live_mappings + 3);
+    EXPECT_EQ(sim().bytes_in_use, before.bytes_in_use);
+    ASSERT_EQ(cudaMemset(opened.get(), 0x11, 3 * page), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+  EXPECT_EQ(sim().live_mappings, before.live_mappings);
+  for (std::size_t i = 0; i < pages.size(); ++i) {
+    ::close(fds[i]);
+    producer.release_physical(pages[i]);
+  }
+}
+
 TEST_F(Installed, MemorySummaryIsPyTorchsTableWithGpumemsSection) {
   void* p = c10_alloc::raw_alloc(10 * MiB);
   const std::string summary = a_->memory_summary(0);
@@ -1453,7 +1522,7 @@ class InstallGpumem : public ::testing::Environment {
   void SetUp() override {
     // libtorch_cuda installs this hook in a full PyTorch; with c10 alone the test does.
     c10::cuda::_internal::setHasPrimaryContext(&has_primary_context);
-    if (too_late_mode()) return;
+    if (too_late_mode() || env("GPUMEM_TORCH_TEST_MODE") == "pytorch_ipc") return;
     gpumem::torch::install(env("GPUMEM_TORCH_TEST_CONF"));
   }
 };
