@@ -4,7 +4,8 @@
 // max_memory_reserved / empty_cache / set_per_process_memory_fraction, snapshots and memory
 // history, cudnn.benchmark's cacheInfo, ProcessGroupNCCL's segment registration (trace trackers),
 // CUDA-graph private pools, torch.cuda.MemPool / use_mem_pool (nested too) with use_on_oom and
-// no_split, torch.cuda.caching_allocator_enable(False) and IPC (classic policy).
+// no_split, torch.cuda.caching_allocator_enable(False) and IPC (torch.multiprocessing: cudaMalloc
+// segments as CUDA IPC handles, the VMM policies' pages as PyTorch's expandable-segment handles).
 //
 //   gpumem::torch::install();                          // before the first CUDA tensor
 //   gpumem::torch::install("policy:stitch,max_split_size_mb:256");
@@ -62,9 +63,13 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -90,8 +95,18 @@
 #include "gpumem/core/caching_allocator.hpp"
 #include "gpumem/detail/format.hpp"
 #include "gpumem/device/cuda_vmm_device.hpp"
+#include "gpumem/device/shared_block.hpp"
 #include "gpumem/error.hpp"
 #include "gpumem/torch/oom_snapshot.hpp"
+
+// pidfd_open and pidfd_getfd (Linux 5.3 and 5.6), for C libraries too old to name them: the
+// numbers are the same on every architecture but alpha.
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+#ifndef SYS_pidfd_getfd
+#define SYS_pidfd_getfd 438
+#endif
 
 namespace gpumem::torch {
 
@@ -645,28 +660,37 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     return live == expected.size();
   }
 
+  /// PyTorch's wire format: a version byte, then 'c' and the 64-byte cudaIpcMemHandle_t of the
+  /// cudaMalloc segment (classic policy), or 'e' and the pages under the block (expandable and
+  /// stitch: see share_vmm_block). The offset is the block's distance from what the handle names.
   c10_alloc::ShareableHandle shareIpcHandle(void* ptr) override {
-    size_t segment_size = 0;
-    void* base = getBaseAllocation(ptr, &segment_size);
+    device_allocator& a = owner_of(ptr, -1);
+    if (a.policy() != allocator_policy::classic) {
+      if (auto shared = share_vmm_block(a, ptr)) return std::move(*shared);
+    }
+    void* base = a.base_allocation(ptr).first;
     cudaIpcMemHandle_t handle;
     C10_CUDA_CHECK(cudaIpcGetMemHandle(&handle, base));
-    // PyTorch's layout: a version byte, 'c' (a cudaMalloc segment), the 64-byte CUDA handle.
-    std::string bytes;
-    bytes.push_back(static_cast<char>(ipc_handle_version));
-    bytes.push_back('c');
-    bytes.append(reinterpret_cast<const char*>(&handle), sizeof handle);
-    return {static_cast<char*>(ptr) - static_cast<char*>(base), std::move(bytes)};
+    std::string out;
+    out.push_back(static_cast<char>(ipc_handle_version));
+    out.push_back('c');
+    out.append(reinterpret_cast<const char*>(&handle), sizeof handle);
+    return {static_cast<char*>(ptr) - static_cast<char*>(base), std::move(out)};
   }
 
+  /// Opens a handle from shareIpcHandle, gpumem's or PyTorch's allocator's: a cudaMalloc segment
+  /// ('c', cudaIpcOpenMemHandle) or the pages of an expandable segment ('e': each page's file
+  /// descriptor taken from the producer with pidfd_getfd, imported and mapped in a range of this
+  /// process, on the current device). The same handle opened twice gives the same mapping; it is
+  /// closed (unmapped) when its last user drops it.
   std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
+    if (handle.size() > 2 && handle[1] == 'e') return open_vmm_handle(std::move(handle));
     const char* raw = handle.data();
     if (handle.size() != sizeof(cudaIpcMemHandle_t)) {  // 64 bytes: a bare legacy handle
       TORCH_CHECK(handle.size() == 2 + sizeof(cudaIpcMemHandle_t),
                   "gpumem: getIpcDevPtr: not a CUDA IPC handle (", handle.size(), " bytes)");
-      if (handle[1] != 'c') {
-        detail::not_supported("opening a shared expandable segment",
-                              "only cudaMalloc segments can be opened (share from policy:classic)");
-      }
+      TORCH_CHECK(handle[1] == 'c', "gpumem: getIpcDevPtr: unknown handle type '", handle[1],
+                  "' (gpumem opens 'c', a cudaMalloc segment, and 'e', expandable pages)");
       raw += 2;
     }
     std::lock_guard<std::mutex> lock(ipc_mutex_);
@@ -849,6 +873,187 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   // PyTorch's native allocator writes version 2 up to torch 2.12, version 3 from 2.13; a reader
   // refuses newer versions, so write the one the running torch reads.
   static constexpr int ipc_handle_version = GPUMEM_TORCH_AT_LEAST(2, 13) ? 3 : 2;
+
+  // --- IPC of the VMM policies' memory, in PyTorch's expandable-segment layout -------------------
+  //
+  // After the version byte and 'e', PyTorch's ExpandableSegment header as it lays it out on 64-bit
+  // Linux — the producer's pid, 4 zero bytes, the page size, the number of pages — then one int per
+  // page: the producer's file descriptor for it (cuMemExportToShareableHandle, POSIX), which the
+  // consumer duplicates with pidfd_getfd. The pages are those under the block, from the one
+  // holding its first byte to the one holding its last, as PyTorch shares them; the handle's
+  // offset is the block's distance from the first page. PyTorch's pages are its segment's (2 MiB
+  // small, 20 MiB large), gpumem's its range's: the same under expandable, the granularity (2 MiB)
+  // under stitch, where a block lies on part of a range and its pages may be mapped at a second
+  // address too — the descriptors name the physical pages, wherever they are mapped.
+  struct vmm_share_header {
+    std::int32_t pid;
+    std::uint32_t zero;  // PyTorch's padding, zeroed so that equal handles are equal strings
+    std::uint64_t page_size;
+    std::uint64_t pages;
+  };
+  static_assert(sizeof(vmm_share_header) == 24, "PyTorch's ShareHeader on 64-bit Linux");
+
+  // The version byte of 'e' handles: PyTorch writes this layout as version 2 up to torch 2.12.
+  // torch 2.13 writes version 3, whose 'e' layout differs (it names the handle type, POSIX or
+  // fabric); gpumem writes version 2 under every torch and refuses to read version 3.
+  static constexpr char vmm_handle_version = 2;
+
+  static constexpr const char* ipc_cuda_malloc_advice =
+      "Or share this tensor from cudaMalloc memory, which CUDA IPC opens without pidfd: allocate "
+      "it under policy:classic (with PyTorch's allocator: expandable_segments:False)";
+
+  // The 'e' handle of `ptr`, or nothing when its block lies in a cudaMalloc segment (shared as
+  // 'c'). The block's descriptors stay open in this process until it is freed
+  // (forget_vmm_export): the consumer takes them from here when it opens the handle.
+  std::optional<c10_alloc::ShareableHandle> share_vmm_block(device_allocator& a, void* ptr) {
+    std::lock_guard<std::mutex> lock(ipc_mutex_);
+    auto it = vmm_exports_.find(ptr);
+    if (it == vmm_exports_.end()) {
+      shared_block shared;
+      try {
+        shared = a.share_block(ptr);
+      } catch (const usage_error&) {
+        return std::nullopt;
+      } catch (const cuda_error& e) {
+        TORCH_CHECK(false, "gpumem: sharing ", ptr, " with another process: ", e.what());
+      }
+      it = vmm_exports_.emplace(ptr, std::move(shared)).first;
+      vmm_exports_count_.store(vmm_exports_.size(), std::memory_order_release);
+    }
+    const shared_block& s = it->second;
+    vmm_share_header header{};
+    header.pid = static_cast<std::int32_t>(::getpid());
+    header.page_size = s.page_size;
+    header.pages = s.fds.size();
+    std::string out;
+    out.push_back(vmm_handle_version);
+    out.push_back('e');
+    out.append(reinterpret_cast<const char*>(&header), sizeof header);
+    for (const int fd : s.fds) {
+      const std::int32_t v = fd;
+      out.append(reinterpret_cast<const char*>(&v), sizeof v);
+    }
+    return c10_alloc::ShareableHandle{static_cast<std::ptrdiff_t>(s.offset), std::move(out)};
+  }
+
+  // Closes the descriptors exported for `ptr`, which is being freed. Costs one atomic load while
+  // nothing is exported.
+  void forget_vmm_export(void* ptr) {
+    if (vmm_exports_count_.load(std::memory_order_acquire) == 0) return;
+    std::lock_guard<std::mutex> lock(ipc_mutex_);
+    const auto it = vmm_exports_.find(ptr);
+    if (it == vmm_exports_.end()) return;
+    close_descriptors(it->second);
+    vmm_exports_.erase(it);
+    vmm_exports_count_.store(vmm_exports_.size(), std::memory_order_release);
+  }
+
+  // getIpcDevPtr of an 'e' handle: the producer's pages mapped in a range of this process on the
+  // current device, readable and writable there; unmapped when the last user drops the pointer.
+  std::shared_ptr<void> open_vmm_handle(std::string handle) {
+    vmm_share_header header{};
+    TORCH_CHECK(handle.size() >= 2 + sizeof header, "gpumem: getIpcDevPtr: an expandable-segment ",
+                "handle of ", handle.size(), " bytes is too short");
+    TORCH_CHECK(handle[0] == vmm_handle_version, "gpumem: getIpcDevPtr: an expandable-segment ",
+                "handle of version ", static_cast<int>(handle[0]), ": gpumem reads version ",
+                static_cast<int>(vmm_handle_version),
+                " (gpumem's, and PyTorch's allocator's up to torch 2.12). ",
+                ipc_cuda_malloc_advice);
+    std::memcpy(&header, handle.data() + 2, sizeof header);
+    const std::size_t payload = handle.size() - 2 - sizeof header;
+    TORCH_CHECK(
+        header.pages > 0 && header.page_size > 0 && header.pages <= payload / sizeof(std::int32_t),
+        "gpumem: getIpcDevPtr: malformed expandable-segment handle (", header.pages, " pages of ",
+        header.page_size, " bytes, ", payload, " bytes of handles)");
+    if (payload != header.pages * sizeof(std::int32_t)) {
+      detail::not_supported(
+          "opening an expandable segment shared with fabric handles",
+          payload == header.pages * 64
+              ? std::string("gpumem imports POSIX file descriptors only")
+              : fmt::format("{} bytes of handles for {} pages", payload, header.pages));
+    }
+    std::vector<int> remote(header.pages);
+    for (std::size_t i = 0; i < remote.size(); ++i) {
+      std::int32_t fd = 0;
+      std::memcpy(&fd, handle.data() + 2 + sizeof header + i * sizeof fd, sizeof fd);
+      remote[i] = fd;
+    }
+    const c10::DeviceIndex device = c10::cuda::current_device();
+    detail::device_state& s = state(device);
+    std::lock_guard<std::mutex> lock(ipc_mutex_);
+    if (auto open = ipc_open_[handle].lock()) return open;
+    ipc_open_.erase(handle);
+    shared_block received;
+    received.page_size = header.page_size;
+    received.size = header.pages * header.page_size;
+    received.fds = take_descriptors(header.pid, remote);
+    std::shared_ptr<opened_block<cuda_vmm_device>> view;
+    try {
+      view = std::make_shared<opened_block<cuda_vmm_device>>(s.device, received);
+    } catch (const std::exception& e) {
+      close_descriptors(received);
+      TORCH_CHECK(false, "gpumem: getIpcDevPtr: mapping the ", header.pages,
+                  " shared pages of process ", header.pid, " on device ", static_cast<int>(device),
+                  ": ", e.what());
+    }
+    close_descriptors(received);  // the imported handles keep the memory
+    cuda_vmm_device* dev = &s.device;
+    // The view goes with the deleter, after the device has finished the work that uses it.
+    std::shared_ptr<void> open(view->data(), [this, handle, view, dev](void*) noexcept {
+      detail::reporting_failure("closing a shared expandable segment", [&] {
+        {
+          std::lock_guard<std::mutex> l(ipc_mutex_);
+          const auto it = ipc_open_.find(handle);
+          if (it != ipc_open_.end() && it->second.expired()) ipc_open_.erase(it);
+        }
+        dev->synchronize();
+      });
+    });
+    ipc_open_[handle] = open;
+    return open;
+  }
+
+  // The producer's descriptors `remote`, duplicated into this process with pidfd_getfd (Linux
+  // 5.6; needs ptrace permission over the producer). Throws c10::Error saying what to do.
+  static std::vector<int> take_descriptors(std::int32_t pid, const std::vector<int>& remote) {
+    const long pidfd = ::syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0);
+    if (pidfd < 0) {
+      const int err = errno;
+      TORCH_CHECK(false, "gpumem: getIpcDevPtr: pidfd_open(", pid, ") failed: ", std::strerror(err),
+                  err == ENOSYS  ? " (the kernel is older than Linux 5.3, or a seccomp filter "
+                                   "refuses the call)"
+                  : err == ESRCH ? " (the producing process has exited)"
+                                 : "",
+                  ". ", ipc_cuda_malloc_advice);
+    }
+    std::vector<int> local;
+    local.reserve(remote.size());
+    for (const int fd : remote) {
+      const long mine = ::syscall(SYS_pidfd_getfd, static_cast<int>(pidfd), fd, 0);
+      if (mine < 0) {
+        const int err = errno;
+        for (const int m : local) ::close(m);
+        ::close(static_cast<int>(pidfd));
+        TORCH_CHECK(
+            false, "gpumem: getIpcDevPtr: pidfd_getfd(descriptor ", fd, " of process ", pid,
+            ") failed: ", std::strerror(err),
+            err == EPERM
+                ? " (this process may not ptrace the producer: under kernel.yama.ptrace_scope=1, "
+                  "Ubuntu's default, only an ancestor may, unless the producer allows it with "
+                  "prctl(PR_SET_PTRACER); or set the sysctl to 0, or give the consumer "
+                  "CAP_SYS_PTRACE, which containers drop by default)"
+            : err == ENOSYS ? " (the kernel is older than Linux 5.6, or a seccomp filter refuses "
+                              "the call)"
+            : err == EBADF  ? " (the producer no longer has it open: the tensor was freed before "
+                              "this process opened it)"
+                            : "",
+            ". ", ipc_cuda_malloc_advice);
+      }
+      local.push_back(static_cast<int>(mine));
+    }
+    ::close(static_cast<int>(pidfd));
+    return local;
+  }
 
   explicit cuda_allocator(allocator_config config) : config_(std::move(config)) {
     trace_wanted_.store(oom_snapshot_on(), std::memory_order_release);
@@ -1331,6 +1536,7 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
 
   // Frees `ptr` in whichever allocator has it: the hinted device's default pool first.
   bool free_anywhere(void* ptr, int hint) {
+    forget_vmm_export(ptr);
     if (history_enabled_.load(std::memory_order_acquire)) {
       std::lock_guard<std::mutex> lock(trace_mutex_);
       contexts_.erase(ptr);
@@ -1694,8 +1900,10 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   std::mutex oom_snapshot_mutex_;
   std::size_t oom_snapshots_written_ = 0;
 
-  std::mutex ipc_mutex_;
-  std::unordered_map<std::string, std::weak_ptr<void>> ipc_open_;
+  std::mutex ipc_mutex_;                                           // ipc_open_, vmm_exports_
+  std::unordered_map<std::string, std::weak_ptr<void>> ipc_open_;  // getIpcDevPtr, per handle
+  std::unordered_map<void*, shared_block> vmm_exports_;  // shared live blocks' open descriptors
+  std::atomic<std::size_t> vmm_exports_count_{0};        // vmm_exports_.size()
 
   std::atomic<bool> enabled_{true};  // enable(); false: uncached_allocate
   std::mutex uncached_mutex_;
