@@ -45,6 +45,32 @@ TEST(CommandLine, FlagsTakeValuesAfterASpaceOrAnEqualsSign) {
   EXPECT_FALSE(cl.next());
 }
 
+TEST(CommandLine, SizesTakeFractionsAndBlanksBeforeTheUnit) {
+  args a({"--device-memory", "1.5GiB", "--overhead=512 MiB"});
+  auto cl = a.scanner();
+  ASSERT_TRUE(cl.next());
+  EXPECT_EQ(cl.size_value(), 3ull << 29);
+  ASSERT_TRUE(cl.next());
+  EXPECT_EQ(cl.size_value(), 512ull << 20);
+}
+
+TEST(CommandLine, AListFlagTakesEveryArgumentUpToTheNextDoubleDashFlag) {
+  // Single-dash arguments, "-" and empty ones are values of the list, as are positionals.
+  args a({"--compare=policy:classic", "", "-h", "-", "trace.pickle", "--json", "--compare",
+          "--compare", "last"});
+  auto cl = a.scanner();
+  ASSERT_TRUE(cl.next());
+  EXPECT_EQ(cl.values(),
+            (std::vector<std::string>{"policy:classic", "", "-h", "-", "trace.pickle"}));
+  ASSERT_TRUE(cl.next());
+  EXPECT_TRUE(cl.is("--json"));
+  ASSERT_TRUE(cl.next());
+  EXPECT_TRUE(cl.values().empty());  // none before the next flag
+  ASSERT_TRUE(cl.next());
+  EXPECT_EQ(cl.values(), std::vector<std::string>{"last"});
+  EXPECT_FALSE(cl.next());
+}
+
 TEST(CommandLine, BadCommandLinesExitWithStatusTwoAndSayWhy) {
   const auto run = [](std::vector<std::string> argv, void (*use)(gpumem_tools::command_line&)) {
     args a(std::move(argv));
@@ -64,6 +90,11 @@ TEST(CommandLine, BadCommandLinesExitWithStatusTwoAndSayWhy) {
               testing::ExitedWithCode(2), "--steps 13 is out of range \\(at most 12\\)");
   EXPECT_EXIT(run({"--device-memory", "24"}, [](auto& cl) { cl.size_value(); }),
               testing::ExitedWithCode(2), "\"24\" has no unit: write e.g. 24GiB");
+  // A fraction or trailing blanks are no unit either: parse_size would read bytes.
+  EXPECT_EXIT(run({"--device-memory", "1.5"}, [](auto& cl) { cl.size_value(); }),
+              testing::ExitedWithCode(2), "\"1.5\" has no unit: write e.g. 1.5GiB or 1.5MiB");
+  EXPECT_EXIT(run({"--overhead", "24 "}, [](auto& cl) { cl.size_value(); }),
+              testing::ExitedWithCode(2), "--overhead \"24 \" has no unit: write e.g. 24GiB ");
   EXPECT_EXIT(run({"--device-memory", "24GB"}, [](auto& cl) { cl.size_value(); }),
               testing::ExitedWithCode(2), "--device-memory: ");
   EXPECT_EXIT(run({"--bogus\x01"}, [](auto& cl) { cl.unknown(); }), testing::ExitedWithCode(2),

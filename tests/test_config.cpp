@@ -489,10 +489,9 @@ TEST(config_notes, one_line_per_key_not_honoured) {
       "pinned_reserve_segment_size_mb:64");
   const std::vector<std::string> notes = c.notes();
   // pinned_use_cuda_host_register and pinned_num_register_threads are honoured by the pinned pool.
-  ASSERT_EQ(notes.size(), 7u);
-  const std::array<const char*, 7> starts{"backend:cudaMallocAsync",
+  ASSERT_EQ(notes.size(), 6u);
+  const std::array<const char*, 6> starts{"backend:cudaMallocAsync",
                                           "release_lock_on_cudamalloc:True",
-                                          "graph_capture_record_stream_reuse:True",
                                           "garbage_collection_threshold:0.8",
                                           "expandable_segments:True",
                                           "pinned_use_background_threads:True",
@@ -500,8 +499,8 @@ TEST(config_notes, one_line_per_key_not_honoured) {
   for (std::size_t i = 0; i < notes.size(); ++i) {
     EXPECT_EQ(notes[i].rfind(starts[i], 0), 0u) << notes[i];
   }
-  EXPECT_NE(notes[3].find("per_process_memory_fraction"), std::string::npos);
-  EXPECT_NE(notes[4].find("policy:classic"), std::string::npos);
+  EXPECT_NE(notes[2].find("per_process_memory_fraction"), std::string::npos);
+  EXPECT_NE(notes[3].find("policy:classic"), std::string::npos);
 }
 
 TEST(config_notes, gc_threshold_needs_a_fraction_below_one) {

@@ -422,6 +422,74 @@ TYPED_TEST(Conformance, CaptureIntoAPrivatePool) {
   tr::drop(d, cap);
 }
 
+// PyTorch's graph_capture_record_stream_reuse: during a capture, a block freed with record_stream
+// uses is not reused while the graph leaves its use on another stream unordered with the
+// allocating stream's next work (no event can be recorded or queried in a capture), and is reused
+// once that stream joined back. Devices that expose no capture graph keep such blocks until the
+// capture ends; with the setting off every device does.
+TYPED_TEST(Conformance, CaptureReusesARecordStreamBlockOnceItsStreamsJoinBack) {
+  using tr = typename TestFixture::traits;
+  auto& d = *this->device_;
+  for (const bool reuse : {true, false}) {
+    SCOPED_TRACE(reuse ? "graph_capture_record_stream_reuse on" : "off");
+    auto pool = this->make_allocator();
+    pool->set_memory_fixed(true);
+    pool->set_capture_record_stream_reuse(reuse);
+    auto s1 = tr::stream(d);
+    auto s2 = tr::stream(d);
+    auto e = d.create_event();
+    pool->begin_capture();
+    tr::begin_stream_capture(s1);
+    void* data1 = nullptr;
+    void* data2 = nullptr;
+    void* data3 = nullptr;
+    void* sink = nullptr;
+    {
+#ifdef GPUMEM_TEST_CUDASIM
+      std::unique_ptr<relaxed_mode> relaxed;
+      if (tr::on_cudasim) relaxed = std::make_unique<relaxed_mode>();
+#endif
+      sink = pool->allocate(1 * MiB, s1);
+      data1 = pool->allocate(1 * MiB, s1);
+      this->work(s1, data1, 1 * MiB);
+      d.record_event(e, s1);  // fork: s2 reads data1 after s1 wrote it
+      d.stream_wait_event(s2, e);
+      this->work(s2, data1, 1 * MiB, false);
+      pool->record_stream(data1, s2);
+      pool->deallocate(data1);
+      // Before the join: s2's read is not ordered before s1's next work.
+      data2 = pool->allocate(1 * MiB, s1);
+      EXPECT_NE(data2, data1);
+      this->work(s1, data2, 1 * MiB);
+      d.record_event(e, s2);  // join: s1 waits for s2, then works on
+      d.stream_wait_event(s1, e);
+      this->work(s1, sink, 1 * MiB);
+      data3 = pool->allocate(1 * MiB, s1);
+      this->work(s1, data3, 1 * MiB);
+    }
+    if (reuse && gpumem::detail::has_capture_graph_v<typename tr::device>) {
+      EXPECT_EQ(data3, data1) << "data1's block was not reused after s2 joined back";
+    } else {
+      EXPECT_NE(data3, data1);
+    }
+    pool->check_invariants();
+    tr::end_stream_capture_and_replay(s1, 1);
+    pool->end_capture();
+    tr::synchronize(d);
+#ifdef GPUMEM_TEST_CUDASIM
+    if constexpr (tr::on_cudasim) destroy_current_graph();
+#endif
+    for (void* p : {sink, data2, data3}) pool->deallocate(p);
+    pool->check_invariants();
+    pool->set_memory_fixed(false);
+    pool->empty_cache();
+    EXPECT_EQ(pool->usage().reserved, 0u);
+    d.destroy_event(e);
+    tr::drop(d, s1);
+    tr::drop(d, s2);
+  }
+}
+
 // A miss during a capture that the device cannot serve fails at once: no out-of-memory retry (it
 // would synchronise, and free or unmap memory the captured work uses). The capture stays valid
 // and its graph replays on memory that is still there.

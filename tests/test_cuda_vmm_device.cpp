@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include "cudasim_support.hpp"
 #include "gpumem/core/caching_allocator.hpp"
 #include "gpumem/device/shared_block.hpp"
 #include "gpumem/device/simulated_device.hpp"
@@ -554,6 +555,71 @@ TEST(CudaVmmDevice, VmmCallsNeitherNeedNorChangeTheCurrentDeviceOnTheGpu) {
     });
   });
   worker.join();
+}
+
+// --- A segment source (a memory pool's own allocator) ----------------------------------------
+
+// Segments from cudaMalloc, counted; at each free, whether work the host has not seen end was
+// still pending (the simulator's pending_works), and a switch to fail the next allocations.
+class counting_source final : public gpumem::segment_source {
+ public:
+  void* allocate(std::size_t bytes) override {
+    if (fail) return nullptr;
+    void* ptr = nullptr;
+    if (cudaMalloc(&ptr, bytes) != cudaSuccess) return nullptr;
+    ++allocations;
+    return ptr;
+  }
+  void deallocate(void* ptr, std::size_t bytes) override {
+    pending_at_free.push_back(cudasim_test::counters().pending_works);
+    freed_bytes += bytes;
+    ASSERT_EQ(cudaFree(ptr), cudaSuccess);
+  }
+  bool fail = false;
+  int allocations = 0;
+  std::size_t freed_bytes = 0;
+  std::vector<unsigned long long> pending_at_free;
+};
+
+TEST(SegmentSource, ThePoolsSegmentsComeFromItAndGoBackOnceTheirWorkEnded) {
+  GPUMEM_REQUIRE_VMM_GPU();
+  if (!on_the_simulator()) GTEST_SKIP() << "counts the simulator's pending work";
+  counting_source source;
+  cuda_vmm_device device(0);
+  device.set_segment_source(&source);
+  gpumem::allocator_config config;
+  config.policy = gpumem::allocator_policy::classic;
+  {
+    gpumem::caching_allocator<cuda_vmm_device> allocator(device, config);
+    const auto before = cudasim_test::counters();
+    cudaStream_t stream = nullptr;
+    ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+    void* small = allocator.allocate(MiB, stream);
+    void* large = allocator.allocate(30 * MiB, stream);
+    EXPECT_EQ(source.allocations, 2);
+    EXPECT_EQ(cudasim_test::counters().calls.malloc - before.calls.malloc, 2u);  // its cudaMallocs
+    // Work that outlasts the host's calls writes the large block on its own stream, which frees
+    // it at once (stream order): only the release of the segment must wait for the work.
+    ASSERT_EQ(cudasim_test::launch_work(stream, {cudasim_test::writes(large, 30 * MiB)}, 0.5), 0);
+    allocator.deallocate(large);
+    allocator.deallocate(small);
+    allocator.empty_cache();
+    // Both segments went back through the source, and only after the work had ended.
+    EXPECT_EQ(source.freed_bytes, 32 * MiB);
+    ASSERT_EQ(source.pending_at_free.size(), 2u);
+    for (unsigned long long pending : source.pending_at_free) EXPECT_EQ(pending, 0u);
+    // A source out of memory is the device out of memory: the allocator frees its cache and
+    // retries, then reports out_of_memory.
+    void* kept = allocator.allocate(MiB, stream);
+    allocator.deallocate(kept);
+    source.fail = true;
+    EXPECT_THROW((void)allocator.allocate(64 * MiB, stream), gpumem::out_of_memory);
+    EXPECT_EQ(source.freed_bytes, 34 * MiB);  // the cached 2 MiB segment released for the retry
+    source.fail = false;
+    allocator.check_invariants();
+    ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+  }
+  EXPECT_EQ(cudasim_test::violations(), 0u) << cudasim_test::last_violation();
 }
 
 }  // namespace

@@ -80,7 +80,7 @@ struct allocator_config {
   bool expandable_segments = false;
   /// release_lock_on_cudamalloc (alias release_lock_on_hipmalloc). Accepted, not honoured.
   bool release_lock_on_cudamalloc = false;
-  /// graph_capture_record_stream_reuse. Accepted, not honoured.
+  /// graph_capture_record_stream_reuse (caching_allocator::set_capture_record_stream_reuse).
   bool graph_capture_record_stream_reuse = false;
   /// pinned_use_cuda_host_register (alias pinned_use_hip_host_register).
   bool pinned_use_cuda_host_register = false;
@@ -775,7 +775,8 @@ inline constexpr std::array<config_key, 23> config_keys{{
      {"`False`", "`True`, `False`",
       "During CUDA graph capture, reuse blocks freed with `record_stream` once graph order makes "
       "it safe",
-      "no: gpumem has no graph-capture pools (note)"},
+      "all policies on the CUDA devices; the simulated device, which has no capture graph, keeps "
+      "such blocks until the capture ends"},
      flag_handlers<&allocator_config::graph_capture_record_stream_reuse>()},
     {"pinned_use_cuda_host_register",
      "pinned_use_hip_host_register",
@@ -1080,11 +1081,6 @@ inline std::vector<std::string> allocator_config::notes() const {
     lines.emplace_back(
         "release_lock_on_cudamalloc:True is not honoured: gpumem keeps its allocator lock while "
         "it calls the device (cudaMalloc, cuMemCreate/cuMemMap)");
-  }
-  if (graph_capture_record_stream_reuse) {
-    lines.emplace_back(
-        "graph_capture_record_stream_reuse:True is not honoured: gpumem has no CUDA-graph capture "
-        "pools, so there is no capture-time reuse to enable");
   }
   if (garbage_collection_threshold > 0.0 && !has_memory_cap()) {
     lines.emplace_back(

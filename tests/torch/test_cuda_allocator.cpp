@@ -5,15 +5,24 @@
 // The environment variable GPUMEM_TORCH_TEST_CONF is the configuration installed (ctest runs this
 // program once per policy); GPUMEM_TORCH_TEST_MODE=too_late runs only the installation-order test,
 // GPUMEM_TORCH_TEST_MODE=oom_snapshot only the tests of the oom_snapshot key (its configuration
-// sets the key, on a small simulated device).
+// sets the key, on a small simulated device), GPUMEM_TORCH_TEST_MODE=pytorch_ipc only PyTorch's own
+// allocator's IPC handles (gpumem not installed).
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -73,6 +82,7 @@ class Installed : public ::testing::Test {
   void SetUp() override {
     if (too_late_mode()) GTEST_SKIP() << "the too_late run checks installation order only";
     if (oom_snapshot_mode()) GTEST_SKIP() << "the oom_snapshot run checks that key only";
+    if (env("GPUMEM_TORCH_TEST_MODE") == "pytorch_ipc") GTEST_SKIP() << "PyTorch's allocator runs";
     ASSERT_NE(gpumem::torch::installed(), nullptr);
     a_ = gpumem::torch::installed();
     c10_alloc::emptyCache();
@@ -1027,10 +1037,10 @@ TEST_F(Installed, WhatGpumemCannotDoSaysSo) {
   void* p = c10_alloc::raw_alloc(1 * MiB);
   const std::string ipc = says_not_supported([p] { c10_alloc::shareIpcHandle(p); });
   if (classic()) {
-    // The simulator has no IPC: the CUDA error comes through as PyTorch's.
+    // The simulator has no CUDA IPC: the CUDA error comes through as PyTorch's.
     EXPECT_NE(ipc.find("CUDA"), std::string::npos) << ipc;
   } else {
-    EXPECT_NE(ipc.find("not supported by gpumem"), std::string::npos) << ipc;
+    EXPECT_EQ(ipc, "no error");  // shared as an expandable segment (tests below)
   }
   c10_alloc::raw_delete(p);
   EXPECT_THROW(c10_alloc::getIpcDevPtr("short"), c10::Error);
@@ -1159,6 +1169,280 @@ TEST_F(Installed, LegacySegmentsLeavePrivatePoolsAndClassicAlone) {
   EXPECT_EQ(c10_alloc::getDeviceStats(0).allocation[all].current, 0);
 }
 #endif
+
+// --- IPC (torch.multiprocessing) of the VMM policies' memory
+// ------------------------------------------------------------------
+
+// PyTorch's expandable-segment handle: version 2, 'e', {pid, 4 zero bytes, page size, pages}, one
+// int (a file descriptor of the producer) per page.
+struct vmm_handle {
+  int version = 0;
+  char type = 0;
+  std::int32_t pid = 0;
+  std::uint32_t zero = 0;
+  std::uint64_t page_size = 0;
+  std::uint64_t pages = 0;
+  std::vector<int> fds;
+};
+
+vmm_handle parse_vmm_handle(const std::string& h) {
+  vmm_handle out;
+  if (h.size() < 26) {
+    ADD_FAILURE() << "a handle of " << h.size() << " bytes";
+    return out;
+  }
+  out.version = h[0];
+  out.type = h[1];
+  std::memcpy(&out.pid, h.data() + 2, 4);
+  std::memcpy(&out.zero, h.data() + 6, 4);
+  std::memcpy(&out.page_size, h.data() + 10, 8);
+  std::memcpy(&out.pages, h.data() + 18, 8);
+  EXPECT_EQ(h.size(), 26 + 4 * out.pages);
+  for (std::size_t i = 26; i + 4 <= h.size(); i += 4) {
+    std::int32_t fd = 0;
+    std::memcpy(&fd, h.data() + i, 4);
+    out.fds.push_back(fd);
+  }
+  return out;
+}
+
+std::string make_vmm_handle(int version, std::int32_t pid, std::uint64_t page_size,
+                            const std::vector<int>& fds, std::size_t bytes_per_handle = 4) {
+  std::string h;
+  h.push_back(static_cast<char>(version));
+  h.push_back('e');
+  const std::uint32_t zero = 0;
+  const std::uint64_t pages = fds.size();
+  h.append(reinterpret_cast<const char*>(&pid), 4);
+  h.append(reinterpret_cast<const char*>(&zero), 4);
+  h.append(reinterpret_cast<const char*>(&page_size), 8);
+  h.append(reinterpret_cast<const char*>(&pages), 8);
+  for (const int fd : fds) {
+    std::string one(bytes_per_handle, '\0');
+    std::memcpy(one.data(), &fd, sizeof fd);
+    h += one;
+  }
+  return h;
+}
+
+bool fd_open(int fd) {
+  return ::fcntl(fd, F_GETFD) != -1;
+}
+
+std::string error_of(const std::function<void()>& call) {
+  try {
+    call();
+    return "no error";
+  } catch (const c10::Error& e) {
+    return e.what();
+  }
+}
+
+TEST_F(Installed, VmmMemoryIsSharedAsPyTorchsExpandableSegmentHandles) {
+  if (classic()) GTEST_SKIP() << "classic memory is shared with cudaIpcGetMemHandle ('c')";
+  const bool stitch = a_->default_pool(0).policy() == gpumem::allocator_policy::stitch;
+  // A small block (a 2 MiB page) and a large one (stitch: 2 MiB pages; expandable: 20 MiB ones).
+  for (const std::size_t size : {std::size_t{4096}, 5 * MiB + 12345}) {
+    SCOPED_TRACE(size);
+    void* keep = c10_alloc::raw_alloc(size);  // so that `p` starts inside a page
+    void* p = c10_alloc::raw_alloc(size);
+    const c10_alloc::ShareableHandle shared = c10_alloc::shareIpcHandle(p);
+    const vmm_handle h = parse_vmm_handle(shared.handle);
+    EXPECT_EQ(h.version, 2);
+    EXPECT_EQ(h.type, 'e');
+    EXPECT_EQ(h.pid, ::getpid());
+    EXPECT_EQ(h.zero, 0u);
+    const std::size_t page = size <= MiB || stitch ? 2 * MiB : 20 * MiB;
+    EXPECT_EQ(h.page_size, page);
+    ASSERT_GE(shared.offset, 0);
+    const auto offset = static_cast<std::size_t>(shared.offset);
+    EXPECT_LT(offset, page);
+    EXPECT_EQ(h.pages, (offset + size + page - 1) / page);
+    for (const int fd : h.fds) EXPECT_TRUE(fd_open(fd)) << fd;
+    // Shared again: the same descriptors (kept per block), so the same handle.
+    EXPECT_EQ(c10_alloc::shareIpcHandle(p).handle, shared.handle);
+
+    const gpumemSimCounters before = sim();
+    std::shared_ptr<void> opened = c10_alloc::getIpcDevPtr(shared.handle);
+    ASSERT_NE(opened.get(), nullptr);
+    EXPECT_NE(opened.get(), p);
+    const gpumemSimCounters after = sim();
+    EXPECT_EQ(after.bytes_in_use, before.bytes_in_use);  // the producer's pages, no new memory
+    EXPECT_EQ(after.live_mappings, before.live_mappings + h.pages);
+    EXPECT_EQ(after.live_reservations, before.live_reservations + 1);
+    // Mapped and accessible over the whole block (the strict simulator checks every byte).
+    void* data = static_cast<char*>(opened.get()) + offset;
+    ASSERT_EQ(cudaMemset(data, 0x5a, size), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    // Opened again while open: the same mapping.
+    std::shared_ptr<void> again = c10_alloc::getIpcDevPtr(shared.handle);
+    EXPECT_EQ(again.get(), opened.get());
+    EXPECT_EQ(sim().live_mappings, after.live_mappings);
+    opened.reset();
+    EXPECT_EQ(sim().live_mappings, after.live_mappings);
+    again.reset();  // the last user: unmapped, the range freed
+    EXPECT_EQ(sim().live_mappings, before.live_mappings);
+    EXPECT_EQ(sim().live_reservations, before.live_reservations);
+    EXPECT_EQ(sim().bytes_in_use, before.bytes_in_use);
+    // Freeing the block closes its descriptors.
+    c10_alloc::raw_delete(p);
+    for (const int fd : h.fds) EXPECT_FALSE(fd_open(fd)) << fd;
+    c10_alloc::raw_delete(keep);
+  }
+}
+
+TEST_F(Installed, AnExpandableSegmentHandleAsPyTorchWritesItOpens) {
+  // Pages made and exported as PyTorch's ExpandableSegment does, in PyTorch's layout.
+  gpumem::cuda_vmm_device producer(0);
+  const std::size_t page = 2 * MiB;
+  std::vector<gpumem::cuda_vmm_device::physical_handle> pages;
+  std::vector<int> fds;
+  for (int i = 0; i < 3; ++i) {
+    pages.push_back(producer.create_physical(page));
+    fds.push_back(producer.export_handle(pages.back()));
+  }
+  const gpumemSimCounters before = sim();
+  {
+    std::shared_ptr<void> opened =
+        c10_alloc::getIpcDevPtr(make_vmm_handle(2, ::getpid(), page, fds));
+    EXPECT_EQ(sim().live_mappings, before.live_mappings + 3);
+    EXPECT_EQ(sim().bytes_in_use, before.bytes_in_use);
+    ASSERT_EQ(cudaMemset(opened.get(), 0x11, 3 * page), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+  EXPECT_EQ(sim().live_mappings, before.live_mappings);
+  for (std::size_t i = 0; i < pages.size(); ++i) {
+    ::close(fds[i]);
+    producer.release_physical(pages[i]);
+  }
+  EXPECT_EQ(sim().live_physical, before.live_physical - 3);
+}
+
+TEST_F(Installed, AnExpandableSegmentHandleThatCannotBeOpenedSaysWhy) {
+  gpumem::cuda_vmm_device producer(0);
+  const std::size_t page = 2 * MiB;
+  const auto h = producer.create_physical(page);
+  const int fd = producer.export_handle(h);
+  const std::int32_t self = ::getpid();
+  const gpumemSimCounters before = sim();
+  // torch 2.13's version 3 (it adds the handle type to the header).
+  std::string e = error_of([&] { c10_alloc::getIpcDevPtr(make_vmm_handle(3, self, page, {fd})); });
+  EXPECT_NE(e.find("version 3"), std::string::npos) << e;
+  EXPECT_NE(e.find("policy:classic"), std::string::npos) << e;
+  // Fabric handles (64 bytes each).
+  e = error_of([&] { c10_alloc::getIpcDevPtr(make_vmm_handle(2, self, page, {fd}, 64)); });
+  EXPECT_NE(e.find("fabric"), std::string::npos) << e;
+  // A producer that has exited.
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);
+  e = error_of([&] { c10_alloc::getIpcDevPtr(make_vmm_handle(2, child, page, {fd})); });
+  EXPECT_NE(e.find("pidfd_open"), std::string::npos) << e;
+  EXPECT_NE(e.find("exited"), std::string::npos) << e;
+  // A descriptor the producer closed (the tensor was freed before it was opened).
+  e = error_of([&] { c10_alloc::getIpcDevPtr(make_vmm_handle(2, self, page, {fd, 999})); });
+  EXPECT_NE(e.find("pidfd_getfd"), std::string::npos) << e;
+  EXPECT_NE(e.find("freed"), std::string::npos) << e;
+  EXPECT_NE(e.find("policy:classic"), std::string::npos) << e;
+  // A descriptor that names no exported memory.
+  e = error_of([&] { c10_alloc::getIpcDevPtr(make_vmm_handle(2, self, page, {0})); });
+  EXPECT_NE(e.find("cuMemImportFromShareableHandle"), std::string::npos) << e;
+  // Nothing was left mapped, imported or open.
+  EXPECT_EQ(sim().live_mappings, before.live_mappings);
+  EXPECT_EQ(sim().live_reservations, before.live_reservations);
+  ::close(fd);
+  producer.release_physical(h);
+}
+
+TEST_F(Installed, AnotherProcessOpensTheHandleWithPidfdGetfd) {
+  if (classic()) GTEST_SKIP() << "classic memory is shared with cudaIpcGetMemHandle ('c')";
+  void* p = c10_alloc::raw_alloc(5 * MiB);
+  const c10_alloc::ShareableHandle shared = c10_alloc::shareIpcHandle(p);
+  // Under Yama's ptrace_scope 1 only an ancestor may take descriptors: let the child.
+  (void)::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+  // The forked child takes the parent's descriptors (its simulated GPU is a copy of the
+  // parent's, so the memory they name is there too).
+  EXPECT_EXIT(
+      {
+        std::shared_ptr<void> opened = c10_alloc::getIpcDevPtr(shared.handle);
+        void* data = static_cast<char*>(opened.get()) + shared.offset;
+        if (cudaMemset(data, 0x22, 5 * MiB) != cudaSuccess) std::exit(2);
+        if (cudaDeviceSynchronize() != cudaSuccess) std::exit(3);
+        opened.reset();
+        std::fprintf(stderr, "opened in process %d\n", static_cast<int>(::getpid()));
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(0), "opened in process");
+  c10_alloc::raw_delete(p);
+}
+
+// --- PyTorch's own allocator and gpumem's expandable-segment handles
+// -----------------------------------------------------------------------------------------------
+// GPUMEM_TORCH_TEST_MODE=pytorch_ipc runs these with PyTorch's allocator (expandable_segments:True)
+// and gpumem not installed: PyTorch writes the layout gpumem writes and reads, and opens a handle
+// laid out as gpumem writes it. (Each process has its own simulated GPU, so one allocator's handle
+// cannot be opened by the other in a second process here.)
+
+bool pytorch_ipc_mode() {
+  return env("GPUMEM_TORCH_TEST_MODE") == "pytorch_ipc";
+}
+
+TEST(PyTorchsAllocator, WritesTheExpandableSegmentLayoutGpumemReads) {
+  if (!pytorch_ipc_mode()) GTEST_SKIP() << "runs with GPUMEM_TORCH_TEST_MODE=pytorch_ipc";
+  ASSERT_EQ(gpumem::torch::installed(), nullptr);
+  c10_alloc::init(1);
+  ASSERT_NE(c10_alloc::name(), "gpumem");
+  for (const std::size_t size : {std::size_t{4096}, 5 * MiB + 12345}) {
+    SCOPED_TRACE(size);
+    void* keep = c10_alloc::raw_alloc(size);
+    void* p = c10_alloc::raw_alloc(size);
+    const c10_alloc::ShareableHandle shared = c10_alloc::shareIpcHandle(p);
+    const vmm_handle h = parse_vmm_handle(shared.handle);
+    EXPECT_EQ(h.version, 2);
+    EXPECT_EQ(h.type, 'e');
+    EXPECT_EQ(h.pid, ::getpid());
+    EXPECT_EQ(h.zero, 0u);
+    const std::size_t page = size <= MiB ? 2 * MiB : 20 * MiB;  // gpumem's expandable pages
+    EXPECT_EQ(h.page_size, page);
+    ASSERT_GE(shared.offset, 0);
+    const auto offset = static_cast<std::size_t>(shared.offset);
+    EXPECT_LT(offset, page);
+    EXPECT_EQ(h.pages, (offset + size + page - 1) / page);
+    for (const int fd : h.fds) EXPECT_TRUE(fd_open(fd)) << fd;
+    c10_alloc::raw_delete(p);
+    c10_alloc::raw_delete(keep);
+  }
+}
+
+TEST(PyTorchsAllocator, OpensAnExpandableSegmentHandleLaidOutAsGpumemWritesIt) {
+  if (!pytorch_ipc_mode()) GTEST_SKIP() << "runs with GPUMEM_TORCH_TEST_MODE=pytorch_ipc";
+  c10_alloc::init(1);
+  // Three 2 MiB pages, as stitch shares a block on part of a range.
+  gpumem::cuda_vmm_device producer(0);
+  const std::size_t page = 2 * MiB;
+  std::vector<gpumem::cuda_vmm_device::physical_handle> pages;
+  std::vector<int> fds;
+  for (int i = 0; i < 3; ++i) {
+    pages.push_back(producer.create_physical(page));
+    fds.push_back(producer.export_handle(pages.back()));
+  }
+  const gpumemSimCounters before = sim();
+  {
+    std::shared_ptr<void> opened =
+        c10_alloc::getIpcDevPtr(make_vmm_handle(2, ::getpid(), page, fds));
+    ASSERT_NE(opened.get(), nullptr);
+    EXPECT_EQ(sim().live_mappings, before.live_mappings + 3);
+    EXPECT_EQ(sim().bytes_in_use, before.bytes_in_use);
+    ASSERT_EQ(cudaMemset(opened.get(), 0x11, 3 * page), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+  EXPECT_EQ(sim().live_mappings, before.live_mappings);
+  for (std::size_t i = 0; i < pages.size(); ++i) {
+    ::close(fds[i]);
+    producer.release_physical(pages[i]);
+  }
+}
 
 TEST_F(Installed, MemorySummaryIsPyTorchsTableWithGpumemsSection) {
   void* p = c10_alloc::raw_alloc(10 * MiB);
@@ -1361,7 +1645,7 @@ class InstallGpumem : public ::testing::Environment {
   void SetUp() override {
     // libtorch_cuda installs this hook in a full PyTorch; with c10 alone the test does.
     c10::cuda::_internal::setHasPrimaryContext(&has_primary_context);
-    if (too_late_mode()) return;
+    if (too_late_mode() || env("GPUMEM_TORCH_TEST_MODE") == "pytorch_ipc") return;
     gpumem::torch::install(env("GPUMEM_TORCH_TEST_CONF"));
   }
 };

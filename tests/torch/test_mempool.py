@@ -5,9 +5,8 @@ CUDA allocator (libgpumem_torch.so loaded) or with PyTorch's own allocator.
 
 Every test runs a fresh Python on the simulator (test_plugin.run) and fails when that Python fails,
 aborts included. The same checks run under both allocators, since what PyTorch's allocator does
-with a pool is what gpumem must do; where gpumem refuses a pool option (a pool with its own
-allocator) the gpumem run checks the refusal, a clear RuntimeError when the pool is made, and the
-PyTorch run checks what PyTorch does with it.
+with a pool is what gpumem must do (a pool with its own allocator included: the dummy allocator
+counts PyTorch's calls to it).
 
 MemPoolTest holds gpumem's own checks. PyTorchTestMemPool repeats PyTorch's TestMemPool
 (test/test_cuda.py) test by test, with torch.empty where PyTorch's test launches a kernel (the
@@ -63,15 +62,6 @@ def dummy_allocator():
     return (alloc, ctypes.c_int.in_dll(lib, "called_dummy_alloc"),
             ctypes.c_int.in_dll(lib, "called_dummy_free"))
 
-def refused(make, words):
-    # gpumem refuses make() when the pool is made: a RuntimeError that says what and why.
-    try:
-        make()
-    except RuntimeError as e:
-        text = str(e)
-        assert "not supported by gpumem" in text and words in text, text
-        return
-    raise AssertionError(f"gpumem accepted a pool with {{words}}")
 """
 
 
@@ -218,21 +208,34 @@ class MemPoolTest(unittest.TestCase):
                 assert blocks_in(pools[i].id) == {out[i].data_ptr()}
         """)
 
-    def test_a_pool_with_its_own_allocator_is_refused_when_it_is_made(self):
+    def test_a_pool_with_its_own_allocator_takes_its_segments_from_it(self):
         self.check("""
             alloc, called_alloc, called_free = dummy_allocator()
-            if GPUMEM:
-                refused(lambda: torch.cuda.MemPool(alloc.allocator()), "its own allocator")
-                refused(lambda: torch.cuda.MemPool(alloc.allocator(), use_on_oom=True),
-                        "its own allocator")
-                assert called_alloc.value == 0
-            else:
-                p = torch.cuda.MemPool(alloc.allocator())
-                with torch.cuda.use_mem_pool(p):
-                    x = e()
-                assert pool_of(x) == p.id
-                del x, p
-                assert called_alloc.value == 123
+            torch.cuda.memory._record_memory_history(max_entries=1000)
+            p = torch.cuda.MemPool(alloc.allocator())
+            assert called_alloc.value == 0
+            with torch.cuda.use_mem_pool(p):
+                x = e()
+                y = e(30 * MiB)
+            assert pool_of(x) == p.id and pool_of(y) == p.id
+            assert called_alloc.value == 123 and called_free.value == 0
+            # PyTorch's segment sizes, whatever the policy: 2 MiB for 1 MiB, 30 MiB for 30 MiB.
+            pool_segments = {s["address"]: s["total_size"] for s in segments(p.id)}
+            assert sorted(pool_segments.values()) == [2 * MiB, 30 * MiB], pool_segments
+            assert not any(s["is_expandable"] for s in segments(p.id))
+            # The default pool does not use it.
+            z = e()
+            assert pool_of(z) == (0, 0)
+            del x, y, z
+            assert called_free.value == 0
+            del p                                  # its destructor empties its cache
+            assert called_free.value == 321
+            # Each segment was announced and withdrawn, as ProcessGroupNCCL's registration needs.
+            trace = torch.cuda.memory._snapshot()["device_traces"][0]
+            for action in ("segment_alloc", "segment_free"):
+                seen = {(t["addr"], t["size"]) for t in trace if t["action"] == action}
+                assert set(pool_segments.items()) <= seen, (action, pool_segments, seen)
+            torch.cuda.memory._record_memory_history(enabled=None)
             # Nothing was left half made: pools still work, and the process ends normally.
             p = torch.cuda.MemPool()
             with torch.cuda.use_mem_pool(p):
@@ -372,9 +375,6 @@ class PyTorchTestMemPool(unittest.TestCase):
             torch.cuda.empty_cache()
             allocator, called_dummy_alloc, called_dummy_free = dummy_allocator()
             assert called_dummy_alloc.value == 0 and called_dummy_free.value == 0
-            if GPUMEM:
-                refused(lambda: torch.cuda.MemPool(allocator.allocator()), "its own allocator")
-                raise SystemExit(0)
             def f():
                 pool = torch.cuda.MemPool(allocator.allocator())
                 with torch.cuda.use_mem_pool(pool):
@@ -393,9 +393,6 @@ class PyTorchTestMemPool(unittest.TestCase):
         self.check("""
             pool = torch.cuda.MemPool()
             allocator, called_dummy_alloc, called_dummy_free = dummy_allocator()
-            if GPUMEM:
-                refused(lambda: torch.cuda.MemPool(allocator.allocator()), "its own allocator")
-                raise SystemExit(0)
             pool = torch.cuda.MemPool(allocator.allocator())
             assert pool.use_count() == 1
             assert called_dummy_alloc.value == 0 and called_dummy_free.value == 0
@@ -420,9 +417,6 @@ class PyTorchTestMemPool(unittest.TestCase):
     def test_tensor_delete_after_allocator_delete(self):
         self.check("""
             allocator, called_dummy_alloc, called_dummy_free = dummy_allocator()
-            if GPUMEM:
-                refused(lambda: torch.cuda.MemPool(allocator.allocator()), "its own allocator")
-                raise SystemExit(0)
             pool = torch.cuda.MemPool(allocator.allocator())
             with torch.cuda.use_mem_pool(pool):
                 data = torch.empty(4, device="cuda")
@@ -438,9 +432,6 @@ class PyTorchTestMemPool(unittest.TestCase):
     def test_mempool_limited_memory_with_allocator(self):
         self.check("""
             allocator, _, _ = dummy_allocator()
-            if GPUMEM:
-                refused(lambda: torch.cuda.MemPool(allocator.allocator()), "its own allocator")
-                raise SystemExit(0)
             pool_do_not_use = torch.cuda.MemPool(allocator.allocator())
             pool_use = torch.cuda.MemPool(allocator.allocator(), use_on_oom=True)
             device = torch.device("cuda:0")
@@ -513,10 +504,6 @@ class PyTorchTestMemPool(unittest.TestCase):
     def test_deleted_mempool_not_used_on_oom(self):
         self.check("""
             allocator, _, _ = dummy_allocator()
-            if GPUMEM:
-                refused(lambda: torch.cuda.MemPool(allocator.allocator(), use_on_oom=True),
-                        "its own allocator")
-                raise SystemExit(0)
             device = torch.device("cuda:0")
             init_fraction = torch.cuda.get_per_process_memory_fraction()
             torch.cuda.memory.empty_cache()
@@ -606,9 +593,6 @@ class PyTorchTestMemPool(unittest.TestCase):
         self.check("""
             torch.cuda.empty_cache()
             allocator, _, _ = dummy_allocator()
-            if GPUMEM:
-                refused(lambda: torch.cuda.MemPool(allocator.allocator()), "its own allocator")
-                raise SystemExit(0)
             torch.cuda.memory._set_allocator_settings("expandable_segments:True")
             pool = torch.cuda.MemPool(allocator.allocator())
             data = []

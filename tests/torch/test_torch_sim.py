@@ -216,6 +216,46 @@ class GraphTest(SimTest):
         """)
 
 
+    def test_a_record_stream_block_is_reused_in_the_capture_once_its_streams_join(self):
+        # graph_capture_record_stream_reuse, set at run time as PyTorch's users set it: a block
+        # freed with record_stream in a capture is not reused while the other stream's use is
+        # unordered with the allocating stream, and is reused once that stream joined back.
+        # Turned off again, the block waits for the capture's end.
+        self.each_allocator("""
+            def capture(reuse):
+                torch.cuda.memory._set_allocator_settings(
+                    f"graph_capture_record_stream_reuse:{reuse}")
+                torch.cuda.empty_cache()
+                s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+                g = torch.cuda.CUDAGraph(keep_graph=True)
+                torch.cuda.synchronize()
+                with torch.cuda.stream(s1):
+                    g.capture_begin()
+                    sink = torch.empty(8, device="cuda")
+                    data1 = torch.empty(8, device="cuda")
+                    ptr1 = data1.data_ptr()
+                    s2.wait_stream(s1)
+                    with torch.cuda.stream(s2):
+                        buf = torch.empty_like(data1)
+                        torch.add(data1, 2.0, out=buf)
+                        data1.record_stream(s2)
+                    del data1
+                    before_join = torch.empty(8, device="cuda").data_ptr()
+                    s1.wait_stream(s2)
+                    sink.fill_(1.0)
+                    after_join = torch.empty(8, device="cuda").data_ptr()
+                    g.capture_end()
+                torch.cuda.synchronize()
+                return ptr1, before_join, after_join
+            ptr1, before_join, after_join = capture(True)
+            assert before_join != ptr1
+            assert after_join == ptr1, "not reused after the join"
+            ptr1, before_join, after_join = capture(False)
+            assert before_join != ptr1 and after_join != ptr1
+            assert counters().violations == 0, last_violation()
+        """)
+
+
 class MultiDeviceTest(SimTest):
     def test_record_stream_on_another_devices_stream(self):
         # A tensor of device 0 read on a stream of device 1 and recorded there: the event is

@@ -22,6 +22,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -72,6 +73,17 @@ class command_line {
     return argv_[++i_];
   }
 
+  /// The current flag's list of values: its `=VALUE` if it has one, then every following
+  /// argument up to the next one that starts with `--` (`--compare A B --json`); maybe none.
+  std::vector<std::string> values() {
+    std::vector<std::string> list;
+    if (inline_value_) list.push_back(*std::exchange(inline_value_, std::nullopt));
+    while (i_ + 1 < argc_ && std::string_view(argv_[i_ + 1]).rfind("--", 0) != 0) {
+      list.emplace_back(argv_[++i_]);
+    }
+    return list;
+  }
+
   /// A usage error when the current flag was given a value (`--flag=VALUE`).
   void no_value() {
     if (inline_value_) fail(fmt::format("{} takes no value", shown(arg_)));
@@ -92,14 +104,20 @@ class command_line {
     return static_cast<std::uint64_t>(v);
   }
 
-  /// The value as a size with a unit ("24GiB", "1536MiB", "4096B"); a bare number is refused
-  /// ("24" is not 24 bytes).
+  /// The value as a size with a unit ("24GiB", "1536MiB", "4096B"); a number without one is
+  /// refused ("24", "1.5", "24 ": parse_size would read them as bytes).
   std::uint64_t size_value() {
     const std::string flag = arg_;
     const std::string text = value();
-    if (!text.empty() && text.find_first_not_of("0123456789") == std::string::npos) {
+    std::string_view number = text;
+    while (!number.empty() && (number.back() == ' ' || number.back() == '\t')) {
+      number.remove_suffix(1);
+    }
+    if (!number.empty() &&
+        ((number.back() >= '0' && number.back() <= '9') || number.back() == '.')) {
+      const std::string suggested = shown(std::string(number));
       fail(fmt::format("{} \"{}\" has no unit: write e.g. {}GiB or {}MiB (B for bytes)", flag,
-                       shown(text), shown(text), shown(text)));
+                       shown(text), suggested, suggested));
     }
     try {
       return gpumem::parse_size(text);

@@ -29,6 +29,8 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -366,6 +368,7 @@ class caching_allocator {
       if (vmm_policy()) granularity_ = device_.granularity();
     }
     stats_.max_split_size = static_cast<std::int64_t>(config_.max_split_size);
+    capture_reuse_ = config_.graph_capture_record_stream_reuse;
     if (config_.has_memory_cap()) set_memory_fraction(*config_.per_process_memory_fraction);
     // PyTorch's limit for throw_on_cudamalloc_oom: the configured fraction (not a later
     // set_memory_fraction), of the whole device when unset, truncated. The device's total is kept,
@@ -421,9 +424,13 @@ class caching_allocator {
     std::lock_guard<detail::spin_mutex> lock(mutex_);
     observer_error_ = nullptr;
     // PyTorch's malloc: no event query while a capture may be under way (an event recorded in a
-    // capture cannot be queried); what was freed meanwhile waits for the capture's end.
-    if (captures_underway_ == 0 && (!events_.empty() || !deferred_.empty())) {
-      process_events();
+    // capture cannot be queried); what was freed meanwhile waits for the capture's end, or, with
+    // graph_capture_record_stream_reuse, until the graph orders its uses before this stream's
+    // next work.
+    if (captures_underway_ == 0) {
+      if (!events_.empty() || !deferred_.empty()) process_events();
+    } else if (!free_markers_.empty()) {
+      free_blocks_ordered_in_capture(stream);
     }
     if (size > detail::k_max_request) {
       throw_oom(size, size, size, lookup_pools(stream).large, false);
@@ -575,6 +582,17 @@ class caching_allocator {
       throw usage_error("gpumem: end_capture without a capture under way (begin_capture)");
     }
     --captures_underway_;
+  }
+
+  /// PyTorch's graph_capture_record_stream_reuse (initially the configuration's): during a
+  /// capture, a block freed with record_stream uses is reused by its own stream as soon as the
+  /// graph being captured orders every use of it before that stream's next work (each stream
+  /// that used it joined back, e.g. with an event wait), instead of after the capture. Needs a
+  /// device that exposes the capture's graph (cuda_device, cuda_vmm_device); elsewhere the
+  /// blocks wait for the capture's end as before.
+  void set_capture_record_stream_reuse(bool reuse) {
+    std::lock_guard<detail::spin_mutex> lock(mutex_);
+    capture_reuse_ = reuse;
   }
 
   /// Whether a capture is under way (begin_capture without its end_capture).
@@ -986,6 +1004,7 @@ class caching_allocator {
       // PyTorch's free during a capture: an event recorded now on a capturing stream could never
       // be queried; the block waits (pending) until events can be recorded after the capture.
       deferred_.push_back(b);
+      if (capture_reuse_) record_free_markers(b);
     } else {
       insert_events(b);
     }
@@ -2196,9 +2215,69 @@ class caching_allocator {
     }
   }
 
+  // graph_capture_record_stream_reuse, at a free during a capture: the capture's terminal nodes
+  // on block b's stream and on every stream that used it mark its last uses. Not kept (the block
+  // waits for the capture's end) when one of those streams is not capturing.
+  void record_free_markers(block_type* b) {
+    if constexpr (detail::has_capture_graph_v<Device>) {
+      std::vector<graph_node> markers;
+      std::vector<graph_node> terminals;
+      auto add = [&](stream_type s) {
+        if (!device_.capture_terminals(s, terminals)) return false;
+        markers.insert(markers.end(), terminals.begin(), terminals.end());
+        return true;
+      };
+      if (!add(b->owner->stream)) return;
+      for (const stream_type& s : b->stream_uses) {
+        if (!add(s)) return;
+      }
+      std::sort(markers.begin(), markers.end());
+      markers.erase(std::unique(markers.begin(), markers.end()), markers.end());
+      free_markers_.emplace(b, std::move(markers));
+    } else {
+      (void)b;
+    }
+  }
+
+  // graph_capture_record_stream_reuse, at an allocation on `stream` during a capture: frees the
+  // deferred blocks of `stream` whose markers all precede the stream's terminal nodes (every use
+  // is then ordered before any work queued next on the stream, so no event is needed).
+  void free_blocks_ordered_in_capture(stream_type stream) {
+    if constexpr (detail::has_capture_graph_v<Device>) {
+      std::vector<graph_node> pending;
+      if (!device_.capture_terminals(stream, pending) || pending.empty()) return;
+      std::unordered_set<graph_node> before;  // the terminals and everything they depend on
+      std::vector<graph_node> parents;
+      while (!pending.empty()) {
+        const graph_node n = pending.back();
+        pending.pop_back();
+        if (!before.insert(n).second) continue;
+        device_.graph_node_dependencies(n, parents);
+        pending.insert(pending.end(), parents.begin(), parents.end());
+      }
+      for (auto it = free_markers_.begin(); it != free_markers_.end();) {
+        block_type* b = it->first;
+        const bool ordered = b->owner->stream == stream &&
+                             std::all_of(it->second.begin(), it->second.end(),
+                                         [&](const graph_node& m) { return before.count(m) != 0; });
+        if (!ordered) {
+          ++it;
+          continue;
+        }
+        it = free_markers_.erase(it);
+        deferred_.erase(std::find(deferred_.begin(), deferred_.end(), b));
+        b->stream_uses.clear();  // the graph orders them
+        free_block(b);
+      }
+    } else {
+      (void)stream;
+    }
+  }
+
   // PyTorch's insert_events_deferred_until_no_capture: the blocks freed during captures get their
   // events now (the streams' work recorded since includes everything they were used for).
   void insert_deferred_events() {
+    free_markers_.clear();
     std::vector<block_type*> blocks;
     blocks.swap(deferred_);
     for (block_type* b : blocks) insert_events(b);
@@ -2412,6 +2491,12 @@ class caching_allocator {
       std::int64_t allocated_bytes = 0, reserved_bytes = 0, active_bytes = 0,
                    inactive_split_bytes = 0, requested_bytes = 0;
     };
+    // Every block with free markers is deferred (freed during the capture, not yet in a pool).
+    for (const auto& entry : free_markers_) {
+      if (std::find(deferred_.begin(), deferred_.end(), entry.first) == deferred_.end()) {
+        fail("a block with capture free markers is not deferred");
+      }
+    }
     recount rc[num_stat_types];
     std::int64_t oversize_allocs = 0;
     std::int64_t oversize_segs = 0;
@@ -2572,7 +2657,11 @@ class caching_allocator {
   segment_type* segments_ = nullptr;
   segment_type* segments_tail_ = nullptr;
   detail::stream_event_queue<Device, block_type*> events_{device_, device_.index()};
-  std::vector<block_type*> deferred_;   // freed during a capture with record_stream uses
+  std::vector<block_type*> deferred_;  // freed during a capture with record_stream uses
+  // The deferred blocks' last uses in the graph being captured (graph_capture_record_stream_reuse).
+  using graph_node = typename detail::capture_graph_node<Device>::type;
+  std::unordered_map<block_type*, std::vector<graph_node>> free_markers_;
+  bool capture_reuse_ = false;          // set_capture_record_stream_reuse
   std::vector<block_type*> set_aside_;  // get_free_block's blocks to put back (stitch, capture)
   int captures_underway_ = 0;           // begin_capture minus end_capture
   bool memory_fixed_ = false;           // set_memory_fixed

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -66,9 +67,24 @@ class cuda_device_guard {
 
 }  // namespace detail
 
-/// One CUDA GPU through the runtime API. A small value type (just the ordinal): copies refer to
-/// the same GPU. Thread safety: every member function may be called concurrently (the CUDA runtime
-/// is thread-safe; the guard changes only the calling thread's current device, and restores it).
+/// Where a device's segments come from instead of cudaMalloc / cudaFree: another allocator that
+/// owns a memory pool's segments (PyTorch's MemPool(allocator), such as ncclMemAlloc for NCCL's
+/// registered buffers). Called with the device current.
+class segment_source {
+ public:
+  virtual ~segment_source() = default;
+  /// A segment of `bytes` bytes, or nullptr when there is no memory for it. May throw: the
+  /// exception reaches the caching allocator's caller.
+  virtual void* allocate(std::size_t bytes) = 0;
+  /// Frees a segment that allocate returned, `bytes` being what was asked for. Called once no work
+  /// on the GPU may use it.
+  virtual void deallocate(void* ptr, std::size_t bytes) = 0;
+};
+
+/// One CUDA GPU through the runtime API. A small value type (the ordinal and an optional segment
+/// source): copies refer to the same GPU. Thread safety: every member function may be called
+/// concurrently (the CUDA runtime is thread-safe; the guard changes only the calling thread's
+/// current device, and restores it).
 class cuda_device {
  public:
   using stream_type = cudaStream_t;
@@ -105,11 +121,18 @@ class cuda_device {
     query_memory(free_bytes, total_bytes);
   }
 
-  /// cudaMalloc of one segment. Returns nullptr when the device is out of memory
-  /// (cudaErrorMemoryAllocation, whose last-error state is cleared) and for 0 bytes. Thread-safe.
-  /// Throws cuda_error for any other failure.
+  /// Segments from now on come from `source` instead of cudaMalloc / cudaFree (nullptr: back to
+  /// them). The source must outlive every copy of this device that allocates through it and the
+  /// segments it made. Not thread-safe: set it before the device is used.
+  void set_segment_source(segment_source* source) noexcept { source_ = source; }
+  segment_source* source() const noexcept { return source_; }
+
+  /// cudaMalloc of one segment, or the segment source's allocate. Returns nullptr when the device
+  /// is out of memory (cudaErrorMemoryAllocation, whose last-error state is cleared) and for 0
+  /// bytes. Thread-safe. Throws cuda_error for any other failure.
   void* allocate(std::size_t bytes) {
     detail::cuda_device_guard guard(index_);
+    if (source_ != nullptr) return from_source(bytes);
     void* ptr = nullptr;
     const cudaError_t status = cudaMalloc(&ptr, bytes);
     if (status == cudaErrorMemoryAllocation) {
@@ -123,17 +146,82 @@ class cuda_device {
   }
 
   /// cudaFree (which synchronises the device). `bytes` is unused by CUDA; nullptr is a no-op.
-  /// Thread-safe. Throws cuda_error.
+  /// With a segment source: the device synchronised first, as cudaFree does (the caching
+  /// allocator frees a segment only when no work may still use it; a source such as ncclMemFree
+  /// may not wait), then the source's deallocate. Thread-safe. Throws cuda_error.
   void deallocate(void* ptr, std::size_t bytes) {
     detail::cuda_device_guard guard(index_);
+    if (source_ != nullptr) {
+      if (ptr == nullptr) return;
+      check(cudaDeviceSynchronize(), "cudaDeviceSynchronize() before a segment source's free");
+      source_->deallocate(ptr, bytes);
+      return;
+    }
     const cudaError_t status = cudaFree(ptr);
     if (status != cudaSuccess) {
       detail::throw_cuda_error(status, fmt::format("cudaFree({}) of {} bytes", ptr, bytes), index_);
     }
   }
 
+  using graph_node_type = cudaGraphNode_t;
+
+  /// Whether `stream` is being captured into a CUDA graph; if so, `out` receives the capture's
+  /// current terminal nodes on it (what work queued next would depend on;
+  /// cudaStreamGetCaptureInfo). Thread-safe. Throws cuda_error, also for an invalidated capture.
+  bool capture_terminals(stream_type stream, std::vector<graph_node_type>& out) {
+    detail::cuda_device_guard guard(stream_device(stream));
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    const graph_node_type* terminals = nullptr;
+    std::size_t count = 0;
+#if CUDART_VERSION >= 13000
+    const cudaError_t got =
+        cudaStreamGetCaptureInfo(stream, &status, nullptr, nullptr, &terminals, nullptr, &count);
+#else
+    const cudaError_t got =
+        cudaStreamGetCaptureInfo_v2(stream, &status, nullptr, nullptr, &terminals, &count);
+#endif
+    if (got != cudaSuccess) {
+      detail::throw_cuda_error(
+          got, fmt::format("cudaStreamGetCaptureInfo(stream {}, ...)", ptr(stream)), index_);
+    }
+    if (status == cudaStreamCaptureStatusInvalidated) {
+      detail::throw_cuda_error(cudaErrorStreamCaptureInvalidated,
+                               fmt::format("cudaStreamGetCaptureInfo(stream {}, ...): the capture "
+                                           "was invalidated",
+                                           ptr(stream)),
+                               index_);
+    }
+    out.assign(terminals, terminals + (status == cudaStreamCaptureStatusActive ? count : 0));
+    return status == cudaStreamCaptureStatusActive;
+  }
+
+  /// The nodes `node` depends on (cudaGraphNodeGetDependencies). Thread-safe. Throws cuda_error.
+  void graph_node_dependencies(graph_node_type node, std::vector<graph_node_type>& out) {
+    std::size_t count = 0;
+#if CUDART_VERSION >= 13000
+    check(cudaGraphNodeGetDependencies(node, nullptr, nullptr, &count),
+          "cudaGraphNodeGetDependencies(node, nullptr, nullptr, &count)");
+    out.resize(count);
+    if (count != 0) {
+      check(cudaGraphNodeGetDependencies(node, out.data(), nullptr, &count),
+            "cudaGraphNodeGetDependencies(node, deps, nullptr, &count)");
+    }
+#else
+    check(cudaGraphNodeGetDependencies(node, nullptr, &count),
+          "cudaGraphNodeGetDependencies(node, nullptr, &count)");
+    out.resize(count);
+    if (count != 0) {
+      check(cudaGraphNodeGetDependencies(node, out.data(), &count),
+            "cudaGraphNodeGetDependencies(node, deps, &count)");
+    }
+#endif
+    out.resize(count);
+  }
+
   /// The legacy default stream (nullptr). Thread-safe; never throws.
-  stream_type default_stream() const noexcept { return nullptr; }
+  stream_type default_stream() const noexcept {
+    return nullptr;
+  }
 
   /// cudaEventCreateWithFlags(cudaEventDisableTiming). Thread-safe. Throws cuda_error.
   event_type create_event() {
@@ -271,7 +359,19 @@ class cuda_device {
     check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo(&free, &total)");
   }
 
+  // The source's segment; its nullptr is out of memory. A source that calls cudaMalloc leaves
+  // cudaErrorMemoryAllocation as the last error when it fails: cleared, as allocate clears it.
+  void* from_source(std::size_t bytes) {
+    if (bytes == 0) return nullptr;
+    void* ptr = source_->allocate(bytes);
+    if (ptr == nullptr && cudaPeekAtLastError() == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+    }
+    return ptr;
+  }
+
   int index_;
+  segment_source* source_ = nullptr;
 };
 
 static_assert(is_device_v<cuda_device>, "cuda_device must model the device concept");

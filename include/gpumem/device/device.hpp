@@ -65,6 +65,7 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "gpumem/detail/size_units.hpp"
 
@@ -533,6 +534,36 @@ struct has_export_handle<D, std::void_t<decltype(std::declval<const D&>().export
                                 std::declval<typename D::physical_handle>()))>> : std::true_type {};
 template <class D>
 inline constexpr bool has_export_handle_v = has_export_handle<D>::value;
+
+// Optional members of a device that exposes the graph a stream is being captured into
+// (cuda_device), for reusing a block freed with record_stream uses during a capture once the
+// graph orders its uses before new work (graph_capture_record_stream_reuse):
+//   using graph_node_type = ...;
+//   bool capture_terminals(stream_type, std::vector<graph_node_type>& out);  // false: not
+//   capturing void graph_node_dependencies(graph_node_type, std::vector<graph_node_type>& out);
+template <class D, class = void>
+struct has_capture_graph : std::false_type {};
+template <class D>
+struct has_capture_graph<
+    D, std::void_t<typename D::graph_node_type,
+                   decltype(std::declval<D&>().capture_terminals(
+                       std::declval<typename D::stream_type>(),
+                       std::declval<std::vector<typename D::graph_node_type>&>())),
+                   decltype(std::declval<D&>().graph_node_dependencies(
+                       std::declval<typename D::graph_node_type>(),
+                       std::declval<std::vector<typename D::graph_node_type>&>()))>>
+    : std::true_type {};
+template <class D>
+inline constexpr bool has_capture_graph_v = has_capture_graph<D>::value;
+// D::graph_node_type where the device has one, else an unused stand-in.
+template <class D, class = void>
+struct capture_graph_node {
+  using type = const void*;
+};
+template <class D>
+struct capture_graph_node<D, std::void_t<typename D::graph_node_type>> {
+  using type = typename D::graph_node_type;
+};
 
 }  // namespace detail
 

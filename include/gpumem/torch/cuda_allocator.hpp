@@ -4,9 +4,10 @@
 // max_memory_reserved / empty_cache / set_per_process_memory_fraction, snapshots and memory
 // history, cudnn.benchmark's cacheInfo, ProcessGroupNCCL's segment registration (trace trackers),
 // CUDA-graph private pools, torch.cuda.MemPool / use_mem_pool (nested too) with use_on_oom and
-// no_split, torch.cuda.caching_allocator_enable(False), IPC (classic policy) and
-// torch.cuda.memory._set_allocator_settings("expandable_segments:False") around code that needs
-// cudaMalloc memory (set_legacy_segments).
+// no_split, torch.cuda.caching_allocator_enable(False), IPC (torch.multiprocessing: cudaMalloc
+// segments as CUDA IPC handles, the VMM policies' pages as PyTorch's expandable-segment handles)
+// and torch.cuda.memory._set_allocator_settings("expandable_segments:False") around code that
+// needs cudaMalloc memory (set_legacy_segments).
 //
 //   gpumem::torch::install();                          // before the first CUDA tensor
 //   gpumem::torch::install("policy:stitch,max_split_size_mb:256");
@@ -34,10 +35,10 @@
 // Thread safety: every member may be called from any thread, as PyTorch's allocator. Errors:
 // PyTorch's own exception types (c10::OutOfMemoryError, c10::Error), so Python sees
 // torch.OutOfMemoryError and RuntimeError as with PyTorch's allocator; what gpumem cannot do
-// throws c10::Error "not supported by gpumem: <reason>", at the call that asks for it (a MemPool
-// with its own allocator: when the pool is made). What PyTorch calls from destructors (MemPool's,
-// CUDAGraph's, a tensor's deleter: releasePool, emptyCache of a pool, setUseOnOOM(false), the
-// DataPtr deleter) never throws; a failure there is reported on stderr.
+// throws c10::Error "not supported by gpumem: <reason>", at the call that asks for it. What PyTorch
+// calls from destructors (MemPool's, CUDAGraph's, a tensor's deleter: releasePool, emptyCache of a
+// pool, setUseOnOOM(false), the DataPtr deleter) never throws; a failure there is reported on
+// stderr.
 #pragma once
 
 #if __has_include(<torch/headeronly/version.h>)
@@ -63,13 +64,20 @@
 #include <c10/core/AllocatorConfig.h>
 #endif
 #include <c10/cuda/CUDACachingAllocator.h>
+#if GPUMEM_TORCH_AT_LEAST(2, 9)
+#include <c10/cuda/CUDAAllocatorConfig.h>  // graph_capture_record_stream_reuse at run time
+#endif
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -95,8 +103,18 @@
 #include "gpumem/core/caching_allocator.hpp"
 #include "gpumem/detail/format.hpp"
 #include "gpumem/device/cuda_vmm_device.hpp"
+#include "gpumem/device/shared_block.hpp"
 #include "gpumem/error.hpp"
 #include "gpumem/torch/oom_snapshot.hpp"
+
+// pidfd_open and pidfd_getfd (Linux 5.3 and 5.6), for C libraries too old to name them: the
+// numbers are the same on every architecture but alpha.
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+#ifndef SYS_pidfd_getfd
+#define SYS_pidfd_getfd 438
+#endif
 
 namespace gpumem::torch {
 
@@ -205,9 +223,34 @@ inline void copy_stats(const stat_array& from, ::c10::CachingAllocator::StatArra
 // it, and goes away, its cache returned to the device, when an emptyCache finds it empty.
 struct private_pool {
   mempool_id id{0, 0};
+  // MemPool(allocator): where the pool's segments come from, and the device that takes them
+  // from it (the allocator keeps a reference). Declared before `allocator`, which frees its
+  // segments through them when destroyed.
+  std::unique_ptr<segment_source> source;
+  std::unique_ptr<cuda_vmm_device> device;
   std::unique_ptr<device_allocator> allocator;
   int use_count = 1;
   std::function<bool(cudaStream_t)> filter;  // set between beginAllocateToPool and end
+};
+
+#if GPUMEM_TORCH_AT_LEAST(2, 11)
+using pool_allocator_handle = std::shared_ptr<c10_alloc::CUDAAllocator>;
+#else
+using pool_allocator_handle = c10_alloc::CUDAAllocator*;  // kept alive by the MemPool
+#endif
+
+// A MemPool's own allocator (a CUDAPluggableAllocator, NCCL's ncclMemAlloc through one) as the
+// source of the pool's segments: PyTorch takes them from its raw_alloc and returns them with
+// raw_delete. Holding it keeps it alive while the pool has segments (torch >= 2.11).
+class pool_allocator_source final : public segment_source {
+ public:
+  explicit pool_allocator_source(pool_allocator_handle allocator)
+      : allocator_(std::move(allocator)) {}
+  void* allocate(std::size_t bytes) override { return allocator_->raw_alloc(bytes); }
+  void deallocate(void* ptr, std::size_t) override { allocator_->raw_delete(ptr); }
+
+ private:
+  pool_allocator_handle allocator_;
 };
 
 // Per GPU: the device, the default pool's allocator and the private pools, created on first use.
@@ -510,10 +553,20 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     s.active.push_back(p);
     s.allocating_to_pools.store(static_cast<int>(s.active.size()), std::memory_order_release);
     // PyTorch's captures_underway: every allocator of the device stops querying events, defers
-    // the frees of blocks used on other streams, and frees or unmaps nothing until the end.
+    // the frees of blocks used on other streams, and frees or unmaps nothing until the end. The
+    // setting that lets such a block be reused within the capture is read now, as PyTorch reads
+    // it at each allocation (torch.cuda.memory._set_allocator_settings changes it at run time).
+    const bool reuse = capture_record_stream_reuse();
+    s.main->set_capture_record_stream_reuse(reuse);
     s.main->begin_capture();
-    if (device_allocator* legacy = legacy_of(s)) legacy->begin_capture();
-    for (auto& q : s.pools) q->allocator->begin_capture();
+    if (device_allocator* legacy = legacy_of(s)) {
+      legacy->set_capture_record_stream_reuse(reuse);
+      legacy->begin_capture();
+    }
+    for (auto& q : s.pools) {
+      q->allocator->set_capture_record_stream_reuse(reuse);
+      q->allocator->begin_capture();
+    }
   }
 
   /// Ends beginAllocateToPool(device, id, ...) (the use it added stays until releasePool). Throws
@@ -566,11 +619,12 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   // asked; its destructor setUseOnOOM(false) (torch >= 2.11), releasePool and emptyCache(id).
 
 #if GPUMEM_TORCH_AT_LEAST(2, 11)
-  /// Makes pool `id` on `device`, or adds a use to it. Throws c10::Error "not supported by
-  /// gpumem" for a pool with its own allocator (MemPool(allocator)), before anything is made.
+  /// Makes pool `id` on `device`, or adds a use to it. A pool with its own allocator
+  /// (MemPool(allocator)) takes its segments from it and gives them back to it, as PyTorch's: the
+  /// classic policy whatever the configuration, PyTorch's segment sizes.
   void createOrIncrefPool(c10::DeviceIndex device, mempool_id id,
                           std::shared_ptr<c10_alloc::CUDAAllocator> allocator = nullptr) override {
-    create_or_incref_pool(device, id, allocator.get());
+    create_or_incref_pool(device, id, std::move(allocator));
   }
   /// MemPool(use_on_oom=True) (true) and its destructor (false): see set_use_on_oom. Never throws
   /// for false.
@@ -610,7 +664,7 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     if (p->allocator->policy() != allocator_policy::classic && used.reserved == 0) {
       allocator_config classic = s.config;
       classic.policy = allocator_policy::classic;
-      auto replacement = make_pool_allocator(s, id, classic);
+      auto replacement = make_pool_allocator(s, id, classic, p->device.get());
       if (p->use_count <= 0 && !p->filter) replacement->set_memory_fixed(false);
       std::lock_guard<std::mutex> oom_lock(s.use_on_oom_mutex);  // main's fallback reads it
       p->allocator = std::move(replacement);
@@ -641,28 +695,37 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     return live == expected.size();
   }
 
+  /// PyTorch's wire format: a version byte, then 'c' and the 64-byte cudaIpcMemHandle_t of the
+  /// cudaMalloc segment (classic policy), or 'e' and the pages under the block (expandable and
+  /// stitch: see share_vmm_block). The offset is the block's distance from what the handle names.
   c10_alloc::ShareableHandle shareIpcHandle(void* ptr) override {
-    size_t segment_size = 0;
-    void* base = getBaseAllocation(ptr, &segment_size);
+    device_allocator& a = owner_of(ptr, -1);
+    if (a.policy() != allocator_policy::classic) {
+      if (auto shared = share_vmm_block(a, ptr)) return std::move(*shared);
+    }
+    void* base = a.base_allocation(ptr).first;
     cudaIpcMemHandle_t handle;
     C10_CUDA_CHECK(cudaIpcGetMemHandle(&handle, base));
-    // PyTorch's layout: a version byte, 'c' (a cudaMalloc segment), the 64-byte CUDA handle.
-    std::string bytes;
-    bytes.push_back(static_cast<char>(ipc_handle_version));
-    bytes.push_back('c');
-    bytes.append(reinterpret_cast<const char*>(&handle), sizeof handle);
-    return {static_cast<char*>(ptr) - static_cast<char*>(base), std::move(bytes)};
+    std::string out;
+    out.push_back(static_cast<char>(ipc_handle_version));
+    out.push_back('c');
+    out.append(reinterpret_cast<const char*>(&handle), sizeof handle);
+    return {static_cast<char*>(ptr) - static_cast<char*>(base), std::move(out)};
   }
 
+  /// Opens a handle from shareIpcHandle, gpumem's or PyTorch's allocator's: a cudaMalloc segment
+  /// ('c', cudaIpcOpenMemHandle) or the pages of an expandable segment ('e': each page's file
+  /// descriptor taken from the producer with pidfd_getfd, imported and mapped in a range of this
+  /// process, on the current device). The same handle opened twice gives the same mapping; it is
+  /// closed (unmapped) when its last user drops it.
   std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
+    if (handle.size() > 2 && handle[1] == 'e') return open_vmm_handle(std::move(handle));
     const char* raw = handle.data();
     if (handle.size() != sizeof(cudaIpcMemHandle_t)) {  // 64 bytes: a bare legacy handle
       TORCH_CHECK(handle.size() == 2 + sizeof(cudaIpcMemHandle_t),
                   "gpumem: getIpcDevPtr: not a CUDA IPC handle (", handle.size(), " bytes)");
-      if (handle[1] != 'c') {
-        detail::not_supported("opening a shared expandable segment",
-                              "only cudaMalloc segments can be opened (share from policy:classic)");
-      }
+      TORCH_CHECK(handle[1] == 'c', "gpumem: getIpcDevPtr: unknown handle type '", handle[1],
+                  "' (gpumem opens 'c', a cudaMalloc segment, and 'e', expandable pages)");
       raw += 2;
     }
     std::lock_guard<std::mutex> lock(ipc_mutex_);
@@ -847,6 +910,187 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   // refuses newer versions, so write the one the running torch reads.
   static constexpr int ipc_handle_version = GPUMEM_TORCH_AT_LEAST(2, 13) ? 3 : 2;
 
+  // --- IPC of the VMM policies' memory, in PyTorch's expandable-segment layout -------------------
+  //
+  // After the version byte and 'e', PyTorch's ExpandableSegment header as it lays it out on 64-bit
+  // Linux — the producer's pid, 4 zero bytes, the page size, the number of pages — then one int per
+  // page: the producer's file descriptor for it (cuMemExportToShareableHandle, POSIX), which the
+  // consumer duplicates with pidfd_getfd. The pages are those under the block, from the one
+  // holding its first byte to the one holding its last, as PyTorch shares them; the handle's
+  // offset is the block's distance from the first page. PyTorch's pages are its segment's (2 MiB
+  // small, 20 MiB large), gpumem's its range's: the same under expandable, the granularity (2 MiB)
+  // under stitch, where a block lies on part of a range and its pages may be mapped at a second
+  // address too — the descriptors name the physical pages, wherever they are mapped.
+  struct vmm_share_header {
+    std::int32_t pid;
+    std::uint32_t zero;  // PyTorch's padding, zeroed so that equal handles are equal strings
+    std::uint64_t page_size;
+    std::uint64_t pages;
+  };
+  static_assert(sizeof(vmm_share_header) == 24, "PyTorch's ShareHeader on 64-bit Linux");
+
+  // The version byte of 'e' handles: PyTorch writes this layout as version 2 up to torch 2.12.
+  // torch 2.13 writes version 3, whose 'e' layout differs (it names the handle type, POSIX or
+  // fabric); gpumem writes version 2 under every torch and refuses to read version 3.
+  static constexpr char vmm_handle_version = 2;
+
+  static constexpr const char* ipc_cuda_malloc_advice =
+      "Or share this tensor from cudaMalloc memory, which CUDA IPC opens without pidfd: allocate "
+      "it under policy:classic (with PyTorch's allocator: expandable_segments:False)";
+
+  // The 'e' handle of `ptr`, or nothing when its block lies in a cudaMalloc segment (shared as
+  // 'c'). The block's descriptors stay open in this process until it is freed
+  // (forget_vmm_export): the consumer takes them from here when it opens the handle.
+  std::optional<c10_alloc::ShareableHandle> share_vmm_block(device_allocator& a, void* ptr) {
+    std::lock_guard<std::mutex> lock(ipc_mutex_);
+    auto it = vmm_exports_.find(ptr);
+    if (it == vmm_exports_.end()) {
+      shared_block shared;
+      try {
+        shared = a.share_block(ptr);
+      } catch (const usage_error&) {
+        return std::nullopt;
+      } catch (const cuda_error& e) {
+        TORCH_CHECK(false, "gpumem: sharing ", ptr, " with another process: ", e.what());
+      }
+      it = vmm_exports_.emplace(ptr, std::move(shared)).first;
+      vmm_exports_count_.store(vmm_exports_.size(), std::memory_order_release);
+    }
+    const shared_block& s = it->second;
+    vmm_share_header header{};
+    header.pid = static_cast<std::int32_t>(::getpid());
+    header.page_size = s.page_size;
+    header.pages = s.fds.size();
+    std::string out;
+    out.push_back(vmm_handle_version);
+    out.push_back('e');
+    out.append(reinterpret_cast<const char*>(&header), sizeof header);
+    for (const int fd : s.fds) {
+      const std::int32_t v = fd;
+      out.append(reinterpret_cast<const char*>(&v), sizeof v);
+    }
+    return c10_alloc::ShareableHandle{static_cast<std::ptrdiff_t>(s.offset), std::move(out)};
+  }
+
+  // Closes the descriptors exported for `ptr`, which is being freed. Costs one atomic load while
+  // nothing is exported.
+  void forget_vmm_export(void* ptr) {
+    if (vmm_exports_count_.load(std::memory_order_acquire) == 0) return;
+    std::lock_guard<std::mutex> lock(ipc_mutex_);
+    const auto it = vmm_exports_.find(ptr);
+    if (it == vmm_exports_.end()) return;
+    close_descriptors(it->second);
+    vmm_exports_.erase(it);
+    vmm_exports_count_.store(vmm_exports_.size(), std::memory_order_release);
+  }
+
+  // getIpcDevPtr of an 'e' handle: the producer's pages mapped in a range of this process on the
+  // current device, readable and writable there; unmapped when the last user drops the pointer.
+  std::shared_ptr<void> open_vmm_handle(std::string handle) {
+    vmm_share_header header{};
+    TORCH_CHECK(handle.size() >= 2 + sizeof header, "gpumem: getIpcDevPtr: an expandable-segment ",
+                "handle of ", handle.size(), " bytes is too short");
+    TORCH_CHECK(handle[0] == vmm_handle_version, "gpumem: getIpcDevPtr: an expandable-segment ",
+                "handle of version ", static_cast<int>(handle[0]), ": gpumem reads version ",
+                static_cast<int>(vmm_handle_version),
+                " (gpumem's, and PyTorch's allocator's up to torch 2.12). ",
+                ipc_cuda_malloc_advice);
+    std::memcpy(&header, handle.data() + 2, sizeof header);
+    const std::size_t payload = handle.size() - 2 - sizeof header;
+    TORCH_CHECK(
+        header.pages > 0 && header.page_size > 0 && header.pages <= payload / sizeof(std::int32_t),
+        "gpumem: getIpcDevPtr: malformed expandable-segment handle (", header.pages, " pages of ",
+        header.page_size, " bytes, ", payload, " bytes of handles)");
+    if (payload != header.pages * sizeof(std::int32_t)) {
+      detail::not_supported(
+          "opening an expandable segment shared with fabric handles",
+          payload == header.pages * 64
+              ? std::string("gpumem imports POSIX file descriptors only")
+              : fmt::format("{} bytes of handles for {} pages", payload, header.pages));
+    }
+    std::vector<int> remote(header.pages);
+    for (std::size_t i = 0; i < remote.size(); ++i) {
+      std::int32_t fd = 0;
+      std::memcpy(&fd, handle.data() + 2 + sizeof header + i * sizeof fd, sizeof fd);
+      remote[i] = fd;
+    }
+    const c10::DeviceIndex device = c10::cuda::current_device();
+    detail::device_state& s = state(device);
+    std::lock_guard<std::mutex> lock(ipc_mutex_);
+    if (auto open = ipc_open_[handle].lock()) return open;
+    ipc_open_.erase(handle);
+    shared_block received;
+    received.page_size = header.page_size;
+    received.size = header.pages * header.page_size;
+    received.fds = take_descriptors(header.pid, remote);
+    std::shared_ptr<opened_block<cuda_vmm_device>> view;
+    try {
+      view = std::make_shared<opened_block<cuda_vmm_device>>(s.device, received);
+    } catch (const std::exception& e) {
+      close_descriptors(received);
+      TORCH_CHECK(false, "gpumem: getIpcDevPtr: mapping the ", header.pages,
+                  " shared pages of process ", header.pid, " on device ", static_cast<int>(device),
+                  ": ", e.what());
+    }
+    close_descriptors(received);  // the imported handles keep the memory
+    cuda_vmm_device* dev = &s.device;
+    // The view goes with the deleter, after the device has finished the work that uses it.
+    std::shared_ptr<void> open(view->data(), [this, handle, view, dev](void*) noexcept {
+      detail::reporting_failure("closing a shared expandable segment", [&] {
+        {
+          std::lock_guard<std::mutex> l(ipc_mutex_);
+          const auto it = ipc_open_.find(handle);
+          if (it != ipc_open_.end() && it->second.expired()) ipc_open_.erase(it);
+        }
+        dev->synchronize();
+      });
+    });
+    ipc_open_[handle] = open;
+    return open;
+  }
+
+  // The producer's descriptors `remote`, duplicated into this process with pidfd_getfd (Linux
+  // 5.6; needs ptrace permission over the producer). Throws c10::Error saying what to do.
+  static std::vector<int> take_descriptors(std::int32_t pid, const std::vector<int>& remote) {
+    const long pidfd = ::syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0);
+    if (pidfd < 0) {
+      const int err = errno;
+      TORCH_CHECK(false, "gpumem: getIpcDevPtr: pidfd_open(", pid, ") failed: ", std::strerror(err),
+                  err == ENOSYS  ? " (the kernel is older than Linux 5.3, or a seccomp filter "
+                                   "refuses the call)"
+                  : err == ESRCH ? " (the producing process has exited)"
+                                 : "",
+                  ". ", ipc_cuda_malloc_advice);
+    }
+    std::vector<int> local;
+    local.reserve(remote.size());
+    for (const int fd : remote) {
+      const long mine = ::syscall(SYS_pidfd_getfd, static_cast<int>(pidfd), fd, 0);
+      if (mine < 0) {
+        const int err = errno;
+        for (const int m : local) ::close(m);
+        ::close(static_cast<int>(pidfd));
+        TORCH_CHECK(
+            false, "gpumem: getIpcDevPtr: pidfd_getfd(descriptor ", fd, " of process ", pid,
+            ") failed: ", std::strerror(err),
+            err == EPERM
+                ? " (this process may not ptrace the producer: under kernel.yama.ptrace_scope=1, "
+                  "Ubuntu's default, only an ancestor may, unless the producer allows it with "
+                  "prctl(PR_SET_PTRACER); or set the sysctl to 0, or give the consumer "
+                  "CAP_SYS_PTRACE, which containers drop by default)"
+            : err == ENOSYS ? " (the kernel is older than Linux 5.6, or a seccomp filter refuses "
+                              "the call)"
+            : err == EBADF  ? " (the producer no longer has it open: the tensor was freed before "
+                              "this process opened it)"
+                            : "",
+            ". ", ipc_cuda_malloc_advice);
+      }
+      local.push_back(static_cast<int>(mine));
+    }
+    ::close(static_cast<int>(pidfd));
+    return local;
+  }
+
   explicit cuda_allocator(allocator_config config) : config_(std::move(config)) {
     trace_wanted_.store(oom_snapshot_on(), std::memory_order_release);
   }
@@ -886,8 +1130,11 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   }
 
   std::unique_ptr<device_allocator> make_allocator(detail::device_state& s, mempool_id id,
-                                                   const allocator_config& config) {
-    auto a = std::make_unique<device_allocator>(s.device, config);
+                                                   const allocator_config& config,
+                                                   cuda_vmm_device* own_device = nullptr) {
+    // own_device: a pool's own (one with a segment source), else the GPU's.
+    auto a =
+        std::make_unique<device_allocator>(own_device != nullptr ? *own_device : s.device, config);
     const auto device = static_cast<c10::DeviceIndex>(s.device.index());
     a->set_event_observer(
         [this, device, id](const allocator_event<cudaStream_t>& e) { on_event(device, id, e); });
@@ -949,10 +1196,20 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   // A pool's allocator: its memory fixed while the pool is in use (a captured graph keeps using
   // its addresses), counted with the device's against the memory fraction, granted to the
   // device's peers, and in every capture under way on the device.
-  detail::private_pool& make_pool(detail::device_state& s, const mempool_id& id) {
+  // A pool with a segment source runs classic on it (PyTorch's pools with their own allocator
+  // never use expandable segments).
+  detail::private_pool& make_pool(detail::device_state& s, const mempool_id& id,
+                                  std::unique_ptr<segment_source> source = nullptr) {
     auto p = std::make_unique<detail::private_pool>();
     p->id = id;
-    p->allocator = make_pool_allocator(s, id, s.config);
+    allocator_config config = s.config;
+    if (source) {
+      p->source = std::move(source);
+      p->device = std::make_unique<cuda_vmm_device>(s.device);
+      p->device->set_segment_source(p->source.get());
+      config.policy = allocator_policy::classic;
+    }
+    p->allocator = make_pool_allocator(s, id, config, p->device.get());
     s.pools.push_back(std::move(p));
     return *s.pools.back();
   }
@@ -961,15 +1218,27 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   // with s.pools_mutex held.
   std::unique_ptr<device_allocator> make_pool_allocator(detail::device_state& s,
                                                         const mempool_id& id,
-                                                        const allocator_config& config) {
-    auto a = make_allocator(s, id, config);
+                                                        const allocator_config& config,
+                                                        cuda_vmm_device* device) {
+    auto a = make_allocator(s, id, config, device);
     a->set_memory_fixed(true);
     a->share_memory_limit_with(*s.main);
     const double fraction = s.main->memory_fraction();
     if (fraction < 1.0) a->set_memory_fraction(fraction);
     for (int peer : s.peers) a->add_peer_access(peer);
+    if (!s.active.empty()) a->set_capture_record_stream_reuse(capture_record_stream_reuse());
     for (std::size_t i = 0; i < s.active.size(); ++i) a->begin_capture();
     return a;
+  }
+
+  // graph_capture_record_stream_reuse: gpumem's setting, or PyTorch's as set at run time.
+  bool capture_record_stream_reuse() const {
+#if GPUMEM_TORCH_AT_LEAST(2, 9)
+    if (c10::cuda::CUDACachingAllocator::CUDAAllocatorConfig::graph_capture_record_stream_reuse()) {
+      return true;
+    }
+#endif
+    return config_.graph_capture_record_stream_reuse;
   }
 
   // Call with s.pools_mutex held.
@@ -981,16 +1250,14 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   }
 
   void create_or_incref_pool(c10::DeviceIndex device, mempool_id id,
-                             c10_alloc::CUDAAllocator* allocator) {
-    if (allocator != nullptr && allocator != this) {
-      detail::not_supported("a MemPool with its own allocator",
-                            "gpumem serves every pool itself (make the pool without one)");
-    }
+                             detail::pool_allocator_handle allocator) {
     detail::device_state& s = state(device);
     std::lock_guard<std::mutex> lock(s.pools_mutex);
     if (detail::private_pool* p = find_pool(s, id)) {
       ++p->use_count;
       p->allocator->set_memory_fixed(true);
+    } else if (allocator != nullptr && &*allocator != this) {
+      make_pool(s, id, std::make_unique<detail::pool_allocator_source>(std::move(allocator)));
     } else {
       make_pool(s, id);
     }
@@ -1199,6 +1466,7 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     const double fraction = s.main->memory_fraction();
     if (fraction < 1.0) a->set_memory_fraction(fraction);
     for (int peer : s.peers) a->add_peer_access(peer);
+    if (!s.active.empty()) a->set_capture_record_stream_reuse(capture_record_stream_reuse());
     for (std::size_t i = 0; i < s.active.size(); ++i) a->begin_capture();
     s.legacy_owner = std::move(a);
     s.legacy.store(s.legacy_owner.get(), std::memory_order_release);
@@ -1344,6 +1612,7 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
 
   // Frees `ptr` in whichever allocator has it: the hinted device's default pool first.
   bool free_anywhere(void* ptr, int hint) {
+    forget_vmm_export(ptr);
     if (history_enabled_.load(std::memory_order_acquire)) {
       std::lock_guard<std::mutex> lock(trace_mutex_);
       contexts_.erase(ptr);
@@ -1721,8 +1990,10 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   std::mutex oom_snapshot_mutex_;
   std::size_t oom_snapshots_written_ = 0;
 
-  std::mutex ipc_mutex_;
-  std::unordered_map<std::string, std::weak_ptr<void>> ipc_open_;
+  std::mutex ipc_mutex_;                                           // ipc_open_, vmm_exports_
+  std::unordered_map<std::string, std::weak_ptr<void>> ipc_open_;  // getIpcDevPtr, per handle
+  std::unordered_map<void*, shared_block> vmm_exports_;  // shared live blocks' open descriptors
+  std::atomic<std::size_t> vmm_exports_count_{0};        // vmm_exports_.size()
 
   std::atomic<bool> enabled_{true};           // enable(); false: uncached_allocate
   std::atomic<bool> legacy_segments_{false};  // set_legacy_segments
