@@ -37,8 +37,10 @@
 #include "gpumem/config.hpp"
 #include "gpumem/core/detail/block.hpp"
 #include "gpumem/core/detail/free_block_index.hpp"
+#include "gpumem/core/detail/oom_details.hpp"
 #include "gpumem/core/detail/pointer_map.hpp"
 #include "gpumem/core/detail/pool_counters.hpp"
+#include "gpumem/core/detail/pools.hpp"
 #include "gpumem/core/detail/spin_mutex.hpp"
 #include "gpumem/core/detail/stitch_policy.hpp"
 #include "gpumem/core/detail/vmm_pages.hpp"
@@ -55,73 +57,10 @@ namespace gpumem {
 
 namespace detail {
 
-template <class Stream>
-struct address_order {
-  using is_transparent = void;  // also compares with an address
-  bool operator()(const block<Stream>* a, const block<Stream>* b) const noexcept {
-    return a->ptr < b->ptr;
-  }
-  bool operator()(const block<Stream>* a, std::uintptr_t b) const noexcept { return a->ptr < b; }
-  bool operator()(std::uintptr_t a, const block<Stream>* b) const noexcept { return a < b->ptr; }
-};
-
 // Reserved bytes of several allocators counted together against the memory fraction
 // (share_memory_limit_with): a device's default pool and its private pools, as PyTorch counts them.
 struct reserved_ledger {
   std::atomic<std::size_t> bytes{0};
-};
-
-// What a device without virtual memory management has of vmm_pages: nothing.
-template <class Device>
-struct no_vmm_pages {
-  explicit no_vmm_pages(Device&) noexcept {}
-};
-
-template <class Stream>
-struct pool {
-  Stream stream{};
-  bool is_small = false;
-  free_block_index<Stream> index;  // free mapped blocks
-  // Unmapped blocks of this pool's VMM segments, lowest address first (touched on misses only).
-  std::set<block<Stream>*, address_order<Stream>> unmapped;
-  // Stitch: its shadowed blocks (free, mapped to pages other ranges hold), lowest address first.
-  std::set<block<Stream>*, address_order<Stream>> shadowed;
-  std::size_t address_space = 0;  // bytes of address ranges its VMM segments hold
-  // Stitch class pools: a block of this size class has been freed since the allocator started or
-  // the cache was last emptied (the class's blocks are not all long-lived), so the class may borrow
-  // free blocks of other such classes (borrow_block).
-  bool has_freed = false;
-  // Stitch: misses since the workload settled (see pages_to_create).
-  std::uint32_t settled_misses = 0;
-  // Stitch class pools: this pool's slot in stream_pools::free_bound (nullptr for other pools).
-  std::size_t* free_bound = nullptr;
-};
-
-template <class Stream>
-struct stream_pools {
-  pool<Stream> small;
-  pool<Stream> large;  // the large requests (stitch: only those above k_max_request, refused)
-  // Stitch: the large requests' pools, one per size class (stitch_size_class), made on first use.
-  std::array<pool<Stream>*, k_stitch_classes> by_class{};
-  std::vector<std::unique_ptr<pool<Stream>>> classes;  // the ones made, in creation order
-  // For each of `classes`, same order: at least the size of its largest free block. Raised on
-  // every insert, lowered when a lookup finds nothing, so borrow_block skips a class that cannot
-  // lend without searching its index (a stream has dozens of classes; most cannot lend).
-  std::array<std::size_t, k_stitch_classes> free_bound{};
-
-  /// Visits every pool of the stream: large, small, then the stitch classes.
-  template <class F>
-  void for_each(F&& f) {
-    f(large);
-    f(small);
-    for (auto& c : classes) f(*c);
-  }
-  template <class F>
-  void for_each(F&& f) const {
-    f(large);
-    f(small);
-    for (const auto& c : classes) f(static_cast<const pool<Stream>&>(*c));
-  }
 };
 
 }  // namespace detail
@@ -840,7 +779,7 @@ class caching_allocator {
     if constexpr (is_vmm_device_v<Device> && detail::has_export_handle_v<Device>) {
       const segment_type& s = *b->seg;
       if (s.page_size != 0) {
-        const auto [first, last] = page_span(b);
+        const auto [first, last] = detail::page_span(b);
         shared_block out;
         out.offset = b->ptr - (s.ptr + first * s.page_size);
         out.size = b->requested_size;
@@ -1089,7 +1028,7 @@ class caching_allocator {
   bool orders_during_capture(const block_type* b) const noexcept {
     if constexpr (is_vmm_device_v<Device>) {
       if (captures_underway_ == 0 || b->seg->shared_pages == 0) return false;
-      const auto [first, last] = page_span(b);
+      const auto [first, last] = detail::page_span(b);
       return vmm_.would_order(*b->seg, first, last, b->owner->stream);
     } else {
       (void)b;
@@ -1471,13 +1410,6 @@ class caching_allocator {
 
   static bool is_out_of_memory(const cuda_error& e) noexcept { return e.code() == 2; }
 
-  // The positions of segment s that block b touches: [first, last).
-  static std::pair<std::size_t, std::size_t> page_span(const block_type* b) noexcept {
-    const segment_type* s = b->seg;
-    return {(b->ptr - s->ptr) / s->page_size,
-            round_up(b->ptr + b->size - s->ptr, s->page_size) / s->page_size};
-  }
-
   // Miss path of the VMM policies: the same retry order as classic (PyTorch releases the whole
   // cache, unmapping free pages, before its one retry). Stitch's large requests first borrow from
   // another class (if theirs has freed blocks), and borrow any block that fits when growing fails,
@@ -1827,7 +1759,7 @@ class caching_allocator {
   // A block of a range with shared pages becomes allocated: its range holds them now.
   void hold_pages(block_type* b) {
     if constexpr (is_vmm_device_v<Device>) {
-      const auto [first, last] = page_span(b);
+      const auto [first, last] = detail::page_span(b);
       vmm_.hold(*b->seg, first, last, b->owner->stream);
     } else {
       (void)b;
@@ -1838,7 +1770,7 @@ class caching_allocator {
   // usable again in their other ranges.
   void release_held_pages(block_type* b) {
     if constexpr (is_vmm_device_v<Device>) {
-      const auto [first, last] = page_span(b);
+      const auto [first, last] = detail::page_span(b);
       vmm_.release_hold(*b->seg, first, last, [&](detail::page_id id) {
         for (const auto& m : vmm_.page(id).mappings) {
           if (m.seg != b->seg) unshadow(m.seg, m.index);
@@ -1857,7 +1789,7 @@ class caching_allocator {
       segment_type* s = b->seg;
       pool_type& p = *b->owner;
       const std::size_t page = s->page_size;
-      auto [first, last] = page_span(b);
+      auto [first, last] = detail::page_span(b);
       std::size_t i = first;
       while (i < last && !vmm_.held_elsewhere(*s, i)) ++i;
       if (i == last) return false;
@@ -2239,18 +2171,8 @@ class caching_allocator {
   [[noreturn]] void throw_rejection(std::size_t size, std::size_t rounded, std::size_t alloc_size) {
     ++stats_.num_oom_rejections;
     out_of_memory::details n;
-    n.requested_bytes = size;
-    n.rounded_bytes = rounded;
-    n.device_request_bytes = alloc_size;
-    n.device_total_bytes = device_total_;
-    n.allocated_bytes = static_cast<std::size_t>(counts_.current(counter::allocated_bytes));
-    n.reserved_bytes = static_cast<std::size_t>(counts_.current(counter::reserved_bytes));
-    n.largest_free_block_bytes = largest_free_block();
-    for (const auto& sp : stream_pools_) {
-      static_cast<const pools_type&>(*sp).for_each(
-          [&](const pool_type& q) { n.free_cached_bytes += q.index.bytes(); });
-    }
-    n.device = device_.index();
+    detail::describe_usage(n, {size, rounded, alloc_size}, device_total_, counts_,
+                           detail::free_cache(stream_pools_), device_.index());
     n.preemptive_rejection = true;
     n.limit_bytes = rejection_limit_;
     n.counted_reserved_bytes = limited_total();
@@ -2260,13 +2182,7 @@ class caching_allocator {
   }
 
   std::size_t largest_free_block() const noexcept {
-    std::size_t largest = 0;
-    for (const auto& sp : stream_pools_) {
-      static_cast<const pools_type&>(*sp).for_each([&](const pool_type& p) {
-        if (const block_type* b = p.index.largest()) largest = std::max(largest, b->size);
-      });
-    }
-    return largest;
+    return detail::free_cache(stream_pools_).largest;
   }
 
   [[noreturn]] void throw_oom(std::size_t size, std::size_t rounded, std::size_t seg_size,
@@ -2276,22 +2192,11 @@ class caching_allocator {
     std::size_t total_bytes = 0;
     device_.memory_info(free_bytes, total_bytes);
     oom_facts f;
-    auto& n = f.numbers;
-    n.requested_bytes = size;
-    n.rounded_bytes = rounded;
-    n.device_request_bytes = seg_size;
-    n.device_total_bytes = total_bytes;
-    n.device_free_bytes = free_bytes;
-    n.allocated_bytes = static_cast<std::size_t>(counts_.current(counter::allocated_bytes));
-    n.reserved_bytes = static_cast<std::size_t>(counts_.current(counter::reserved_bytes));
-    n.largest_free_block_bytes = largest_free_block();
-    n.device = device_.index();
-    for (const auto& sp : stream_pools_) {
-      static_cast<const pools_type&>(*sp).for_each([&](const pool_type& q) {
-        n.free_cached_bytes += q.index.bytes();
-        f.free_cached_blocks += q.index.size();
-      });
-    }
+    const detail::free_cache_totals free = detail::free_cache(stream_pools_);
+    detail::describe_usage(f.numbers, {size, rounded, seg_size}, total_bytes, counts_, free,
+                           device_.index());
+    f.numbers.device_free_bytes = free_bytes;
+    f.free_cached_blocks = free.blocks;
     if (const block_type* b = p.index.largest()) f.largest_free_block_in_pool = b->size;
     f.fraction_set = fraction_set_;
     f.fraction = fraction_;
@@ -2304,7 +2209,7 @@ class caching_allocator {
       notify(allocator_action::oom, free_bytes, size, p.stream);
     }
     observer_error_ = nullptr;  // the out-of-memory error is the one the caller must see
-    throw out_of_memory(oom_message(f), n);
+    throw out_of_memory(oom_message(f), f.numbers);
   }
 
   // --- invariants --------------------------------------------------------------------------------
@@ -2359,7 +2264,7 @@ class caching_allocator {
         std::vector<std::uint32_t>& u = users[s];
         u.assign(s->pages.size(), 0);
         for (const block_type* b = s->head; b != nullptr; b = b->next) {
-          const auto [first, last] = page_span(b);
+          const auto [first, last] = detail::page_span(b);
           if (b->allocated || b->event_count > 0 || !b->stream_uses.empty()) {
             for (std::size_t i = first; i < last; ++i) ++u[i];
           }
@@ -2594,9 +2499,7 @@ class caching_allocator {
   std::int64_t peak_seen_ = -1;
   std::int64_t allocated_at_peak_ = 0;
   // The VMM policies' pages and ranges (nothing on devices without virtual memory management).
-  std::conditional_t<is_vmm_device_v<Device>, detail::vmm_pages<Device>,
-                     detail::no_vmm_pages<Device>>
-      vmm_;
+  detail::pages_for<Device> vmm_;
   std::vector<detail::page_id> page_scratch_;    // map_block's list of pages
   std::vector<detail::page_id> shared_scratch_;  // acquire_pages' list of free pages to share
   detail::stitch_policy stitch_;                 // stitch's thresholds and what it has seen
