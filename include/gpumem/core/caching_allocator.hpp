@@ -34,8 +34,10 @@
 #include <fmt/format.h>
 
 #include "gpumem/config.hpp"
+#include "gpumem/core/allocator_events.hpp"
 #include "gpumem/core/detail/allocator_invariants.hpp"
 #include "gpumem/core/detail/block.hpp"
+#include "gpumem/core/detail/event_reporter.hpp"
 #include "gpumem/core/detail/free_block_index.hpp"
 #include "gpumem/core/detail/oom_details.hpp"
 #include "gpumem/core/detail/pointer_map.hpp"
@@ -149,16 +151,6 @@ std::vector<segment_part> segment_parts(const segment_snapshot<Stream>& s,
   return parts;
 }
 
-/// A part of the device's memory that reserved memory counts (caching_allocator::reserved_ranges).
-template <class Stream>
-struct reserved_range {
-  std::uintptr_t address = 0;
-  std::size_t size = 0;
-  Stream stream{};
-  bool is_small = false;
-  bool is_expandable = false;  ///< part of a range mapped page by page (expandable, stitch)
-};
-
 /// The three byte counts people watch, current values (what stats() reports in requested_bytes,
 /// allocated_bytes and reserved_bytes [all], without copying every statistic).
 struct memory_usage {
@@ -166,114 +158,6 @@ struct memory_usage {
   std::size_t allocated = 0;  ///< bytes of blocks handed out
   std::size_t reserved = 0;   ///< bytes held from the device
 };
-
-/// What the allocator did, as PyTorch's allocator trace records it (TraceEntry's actions).
-enum class allocator_action {
-  alloc,           ///< a block handed out (size: requested bytes)
-  free_requested,  ///< a block given back (size: requested bytes)
-  free_completed,  ///< a freed block reusable again (after its recorded streams' events)
-  segment_alloc,   ///< memory obtained from the device (cudaMalloc; size: segment bytes)
-  segment_free,    ///< memory returned to the device (cudaFree)
-  segment_map,     ///< pages mapped into a VMM range (address and size of the mapped range)
-  segment_unmap,   ///< pages unmapped from a VMM range
-  oom              ///< an out_of_memory about to be thrown (address: device free bytes)
-};
-
-/// Which view of memory a segment event (segment_alloc / free / map / unmap) speaks for. The two
-/// differ only under stitch, which may map a physical page at two addresses: the device sees two
-/// mappings, reserved memory counts the page once, at the address that uses it.
-enum class segment_view : std::uint8_t {
-  both,      ///< a device call, and the same change in what reserved memory counts
-  device,    ///< a device call only (caching_allocator::set_reserved_events on, under stitch)
-  reserved,  ///< a change in what reserved memory counts only (the same, under stitch)
-};
-
-/// The action's name in PyTorch's trace entries ("alloc", "segment_map", ...).
-constexpr std::string_view to_string(allocator_action a) noexcept {
-  switch (a) {
-    case allocator_action::alloc:
-      return "alloc";
-    case allocator_action::free_requested:
-      return "free_requested";
-    case allocator_action::free_completed:
-      return "free_completed";
-    case allocator_action::segment_alloc:
-      return "segment_alloc";
-    case allocator_action::segment_free:
-      return "segment_free";
-    case allocator_action::segment_map:
-      return "segment_map";
-    case allocator_action::segment_unmap:
-      return "segment_unmap";
-    case allocator_action::oom:
-      return "oom";
-  }
-  return "oom";
-}
-
-/// One allocator_action with its address, size and stream, passed to an event observer.
-template <class Stream>
-struct allocator_event {
-  allocator_action action = allocator_action::alloc;
-  std::uintptr_t address = 0;
-  std::size_t size = 0;
-  Stream stream{};
-  segment_view view = segment_view::both;  ///< for the segment actions
-};
-
-namespace detail {
-
-/// What changed between two reserved_ranges() lists, as segment events given to
-/// emit(action, address, size, stream): the memory given back first, then the memory obtained. A
-/// classic segment (is_expandable false) comes or goes whole (segment_alloc / segment_free); the
-/// parts of VMM ranges are compared as address intervals (segment_map / segment_unmap of what
-/// differs).
-template <class Stream, class Emit>
-void diff_reserved_ranges(const std::vector<reserved_range<Stream>>& before,
-                          const std::vector<reserved_range<Stream>>& after, Emit&& emit) {
-  using range = reserved_range<Stream>;
-  auto by_address = [](const range* a, const range* b) { return a->address < b->address; };
-  std::vector<const range*> a;
-  std::vector<const range*> b;
-  for (const range& r : before) a.push_back(&r);
-  for (const range& r : after) b.push_back(&r);
-  std::sort(a.begin(), a.end(), by_address);
-  std::sort(b.begin(), b.end(), by_address);
-  // The parts of each range of `from` that no range of `other` covers (VMM), or the ranges that
-  // `other` does not have exactly (classic).
-  auto missing = [&emit](const std::vector<const range*>& from,
-                         const std::vector<const range*>& other, allocator_action whole,
-                         allocator_action part) {
-    std::size_t j = 0;
-    for (const range* r : from) {
-      while (j < other.size() && other[j]->address + other[j]->size <= r->address) ++j;
-      if (!r->is_expandable) {
-        bool same = false;
-        for (std::size_t k = j; k < other.size() && other[k]->address <= r->address; ++k) {
-          if (other[k]->address == r->address && other[k]->size == r->size &&
-              !other[k]->is_expandable) {
-            same = true;
-          }
-        }
-        if (!same) emit(whole, r->address, r->size, r->stream);
-        continue;
-      }
-      std::uintptr_t at = r->address;
-      const std::uintptr_t end = r->address + r->size;
-      for (std::size_t k = j; k < other.size() && other[k]->address < end && at < end; ++k) {
-        const range* o = other[k];
-        if (o->address + o->size <= at) continue;
-        if (o->address > at) emit(part, at, o->address - at, r->stream);
-        at = std::max(at, o->address + o->size);
-      }
-      if (at < end) emit(part, at, end - at, r->stream);
-    }
-  };
-  missing(a, b, allocator_action::segment_free, allocator_action::segment_unmap);
-  missing(b, a, allocator_action::segment_alloc, allocator_action::segment_map);
-}
-
-}  // namespace detail
 
 /// A caching allocator over `Device` (see device/device.hpp for the device concept).
 ///
@@ -358,7 +242,7 @@ class caching_allocator {
   void* allocate(std::size_t size, stream_type stream) {
     if (size == 0) return nullptr;
     std::lock_guard<detail::spin_mutex> lock(mutex_);
-    observer_error_ = nullptr;
+    reporter_.clear_error();
     // PyTorch's malloc: no event query while a capture may be under way (an event recorded in a
     // capture cannot be queried); what was freed meanwhile waits for the capture's end.
     if (captures_underway_ == 0 && (!events_.empty() || !deferred_.empty())) {
@@ -389,7 +273,7 @@ class caching_allocator {
   void* allocate_cached(std::size_t size, stream_type stream) {
     if (size == 0 || size > detail::k_max_request) return nullptr;
     std::lock_guard<detail::spin_mutex> lock(mutex_);
-    observer_error_ = nullptr;
+    reporter_.clear_error();
     if (captures_underway_ == 0 && (!events_.empty() || !deferred_.empty())) {
       process_events();
     }
@@ -445,7 +329,7 @@ class caching_allocator {
   bool try_deallocate(void* ptr) {
     if (ptr == nullptr) return true;
     std::lock_guard<detail::spin_mutex> lock(mutex_);
-    observer_error_ = nullptr;
+    reporter_.clear_error();
     block_type* b = allocated_.erase(reinterpret_cast<std::uintptr_t>(ptr));
     if (b == nullptr) return false;
     release_allocated(b);
@@ -484,7 +368,7 @@ class caching_allocator {
     std::lock_guard<detail::spin_mutex> lock(mutex_);
     if (captures_underway_ > 0) return;
     if (memory_fixed_) return;
-    observer_error_ = nullptr;
+    reporter_.clear_error();
     release_cached_blocks();
     forget_freed_classes();
     report_reserved_changes();
@@ -750,9 +634,10 @@ class caching_allocator {
   /// per operation while on. Starts from the memory counted now (no event for it).
   void set_reserved_events(bool on) {
     std::lock_guard<detail::spin_mutex> lock(mutex_);
-    reserved_events_ = on && policy_ == allocator_policy::stitch;
-    reserved_reported_.clear();
-    if (reserved_events_) reserved_reported_ = reserved_ranges_locked();
+    const bool stitch = policy_ == allocator_policy::stitch;
+    reporter_.set_reserved_events(on && stitch, on && stitch
+                                                    ? reserved_ranges_locked()
+                                                    : std::vector<reserved_range<stream_type>>{});
   }
 
   /// The segment holding live allocation `ptr`: its base address and size (PyTorch's
@@ -820,7 +705,7 @@ class caching_allocator {
   /// Not to be called concurrently with other members.
   void set_event_observer(event_observer observer) {
     std::lock_guard<detail::spin_mutex> lock(mutex_);
-    observer_ = std::move(observer);
+    reporter_.set_observer(std::move(observer));
   }
 
   /// The requested size of a live allocation. Throws usage_error for a foreign pointer.
@@ -851,29 +736,27 @@ class caching_allocator {
 
   static std::int64_t as_i64(std::size_t v) noexcept { return static_cast<std::int64_t>(v); }
 
-  // An observer that throws must not leave the allocator half-changed: the first exception is
-  // kept, the operation goes on to a consistent state, and the public member rethrows it.
-  void notify(allocator_action action, std::uintptr_t address, std::size_t size, stream_type stream,
-              segment_view view = segment_view::both) const {
-    if (view == segment_view::both && reserved_events_ && is_segment_action(action)) {
-      view = segment_view::device;  // the reserved view comes from report_reserved_changes
-    }
-    try {
-      observer_(allocator_event<stream_type>{action, address, size, stream, view});
-    } catch (...) {
-      if (!observer_error_) observer_error_ = std::current_exception();
-    }
+  // The observer, told through reporter_ (core/detail/event_reporter.hpp). An observer that throws
+  // must not leave the allocator half-changed: the first exception is kept, the operation goes on
+  // to a consistent state, and the public member rethrows it.
+  void notify(allocator_action action, std::uintptr_t address, std::size_t size,
+              stream_type stream) const {
+    reporter_.notify(action, address, size, stream);
   }
+  void report_reserved_changes() {
+    reporter_.report_reserved_changes([this] { return reserved_ranges_locked(); });
+  }
+  void rethrow_observer_error() { reporter_.rethrow_error(); }
 
   // allocate's and allocate_cached's last step: block b (found or made) is handed out for `size`
   // bytes and the observer told. An observer that throws undoes it: the caller gets the exception
   // and no pointer.
   void* hand_out(block_type* b, std::size_t rounded, std::size_t size, stream_type stream) {
     void* ptr = alloc_found_block(b, *b->owner, rounded, size);
-    if (observer_) {
+    if (reporter_.listening()) {
       report_reserved_changes();
       notify(allocator_action::alloc, reinterpret_cast<std::uintptr_t>(ptr), size, stream);
-      if (observer_error_) {
+      if (reporter_.failed()) {
         release_allocated(allocated_.erase(reinterpret_cast<std::uintptr_t>(ptr)));
         report_reserved_changes();
         rethrow_observer_error();
@@ -882,33 +765,9 @@ class caching_allocator {
     return ptr;
   }
 
-  static bool is_segment_action(allocator_action a) noexcept {
-    return a == allocator_action::segment_alloc || a == allocator_action::segment_free ||
-           a == allocator_action::segment_map || a == allocator_action::segment_unmap;
-  }
-
-  // Under set_reserved_events: what reserved memory counts now and did not at the last report
-  // (and the reverse), as segment events of view `reserved`. Under the lock, at the end of every
-  // operation that may have changed it (stitch moves the count of a shared page from one address
-  // to another without any device call). O(segments + pages).
-  void report_reserved_changes() {
-    if (!reserved_events_ || !observer_) return;
-    std::vector<reserved_range<stream_type>> now = reserved_ranges_locked();
-    detail::diff_reserved_ranges(
-        reserved_reported_, now,
-        [this](allocator_action a, std::uintptr_t address, std::size_t size, stream_type stream) {
-          notify(a, address, size, stream, segment_view::reserved);
-        });
-    reserved_reported_ = std::move(now);
-  }
-
-  void rethrow_observer_error() {
-    if (observer_error_) std::rethrow_exception(std::exchange(observer_error_, nullptr));
-  }
-
   // Frees block b, just taken out of the pointer map: deallocate's work.
   void release_allocated(block_type* b) {
-    if (observer_) {
+    if (reporter_.listening()) {
       notify(allocator_action::free_requested, b->ptr, b->requested_size, b->owner->stream);
     }
     b->allocated = false;
@@ -1105,7 +964,7 @@ class caching_allocator {
 
     block_type* b = block_pool_.create(s->ptr, seg_size, &p, s);
     s->head = b;
-    if (observer_) notify(allocator_action::segment_alloc, s->ptr, seg_size, p.stream);
+    if (reporter_.listening()) notify(allocator_action::segment_alloc, s->ptr, seg_size, p.stream);
     counts_.increase(p.is_small, counter::segment, 1);
     counts_.increase(p.is_small, counter::reserved_bytes, as_i64(seg_size));
     if (seg_size >= config_.max_split_size) stats_.oversize_segments.increase(1);
@@ -1200,7 +1059,8 @@ class caching_allocator {
   void release_block(block_type* b) {
     segment_type* s = b->seg;
     // Before the memory goes: an observer may have to deregister it (NCCL).
-    if (observer_) notify(allocator_action::segment_free, s->ptr, s->size, b->owner->stream);
+    if (reporter_.listening())
+      notify(allocator_action::segment_free, s->ptr, s->size, b->owner->stream);
     device_.deallocate(reinterpret_cast<void*>(s->ptr), s->size);
     ++stats_.num_device_free;
     sub_reserved(s->size);
@@ -1279,7 +1139,8 @@ class caching_allocator {
   // PyTorch's free_block: merge with free neighbours and return to the pool.
   GPUMEM_ALWAYS_INLINE void free_block(block_type* b) {
     pool_type& p = *b->owner;
-    if (observer_) notify(allocator_action::free_completed, b->ptr, b->requested_size, p.stream);
+    if (reporter_.listening())
+      notify(allocator_action::free_completed, b->ptr, b->requested_size, p.stream);
     if (b->seg->page_size != 0) {
       b->freed_at = allocation_total();
       if (b->seg->shared_pages != 0) release_held_pages(b);
@@ -1980,7 +1841,7 @@ class caching_allocator {
       if (last <= first) return;
       const std::uintptr_t range_lo = s->ptr + first * page;
       const std::uintptr_t range_hi = s->ptr + last * page;
-      if (observer_) {  // before the pages go: an observer may have to deregister them
+      if (reporter_.listening()) {  // before the pages go: an observer may have to deregister them
         notify(allocator_action::segment_unmap, range_lo, range_hi - range_lo, p.stream);
       }
       vmm_.unmap(*s, first, last - first,
@@ -2033,7 +1894,8 @@ class caching_allocator {
         if (!is_out_of_memory(e)) throw;
         return false;
       }
-      if (observer_) notify(allocator_action::segment_map, to_map->ptr, n * page, p.stream);
+      if (reporter_.listening())
+        notify(allocator_action::segment_map, to_map->ptr, n * page, p.stream);
       add_reserved(created * page);
       counts_.increase(p.is_small, counter::reserved_bytes, as_i64(created * page));
 
@@ -2176,7 +2038,7 @@ class caching_allocator {
     n.preemptive_rejection = true;
     n.limit_bytes = rejection_limit_;
     n.counted_reserved_bytes = limited_total();
-    observer_error_ = nullptr;
+    reporter_.clear_error();
     throw out_of_memory(oom_rejection_message(n, config_.per_process_memory_fraction.value_or(1.0)),
                         n);
   }
@@ -2204,11 +2066,11 @@ class caching_allocator {
     f.fraction_was_limit = fraction_refused;
     f.max_split_size = config_.max_split_size;
     f.policy = std::string(to_string(policy_));
-    if (observer_) {
+    if (reporter_.listening()) {
       report_reserved_changes();  // the out-of-memory retry may have released memory
       notify(allocator_action::oom, free_bytes, size, p.stream);
     }
-    observer_error_ = nullptr;  // the out-of-memory error is the one the caller must see
+    reporter_.clear_error();  // the out-of-memory error is the one the caller must see
     throw out_of_memory(oom_message(f), f.numbers);
   }
 
@@ -2256,15 +2118,12 @@ class caching_allocator {
   std::int64_t allocated_at_peak_ = 0;
   // The VMM policies' pages and ranges (nothing on devices without virtual memory management).
   detail::pages_for<Device> vmm_;
-  std::vector<detail::page_id> page_scratch_;    // map_block's list of pages
-  std::vector<detail::page_id> shared_scratch_;  // acquire_pages' list of free pages to share
-  detail::stitch_policy stitch_;                 // stitch's thresholds and what it has seen
-  event_observer observer_;                      // set_event_observer; empty: nobody listens
-  bool reserved_events_ = false;                 // set_reserved_events, under stitch
-  std::vector<reserved_range<stream_type>> reserved_reported_;  // report_reserved_changes
-  out_of_memory_fallback oom_fallback_;                         // set_out_of_memory_fallback
-  void* fallback_ptr_ = nullptr;               // what oom_fallback_ gave the current miss
-  mutable std::exception_ptr observer_error_;  // the first exception an observer threw (notify)
+  std::vector<detail::page_id> page_scratch_;     // map_block's list of pages
+  std::vector<detail::page_id> shared_scratch_;   // acquire_pages' list of free pages to share
+  detail::stitch_policy stitch_;                  // stitch's thresholds and what it has seen
+  detail::event_reporter<stream_type> reporter_;  // the observer, its error, the reserved view
+  out_of_memory_fallback oom_fallback_;           // set_out_of_memory_fallback
+  void* fallback_ptr_ = nullptr;                  // what oom_fallback_ gave the current miss
 };
 
 }  // namespace gpumem
