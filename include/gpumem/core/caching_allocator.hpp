@@ -1,7 +1,10 @@
 // gpumem — caching_allocator<Device>: a caching device-memory allocator with PyTorch's semantics.
 //
 // docs/architecture.md defines the words used here (segment, block, pool, range, page, shared
-// page, ...) and follows one allocation through this file, policy by policy.
+// page, ...) and follows one allocation through this file, policy by policy. This class
+// orchestrates: its components under core/detail/ (pools, free index, counters, pointer map, VMM
+// pages, stitch's decisions, policy rules, events, the invariant checker) each do one job and
+// check their own invariants; "Components" in docs/architecture.md is the contract between them.
 //
 // The classic policy reproduces PyTorch's native CUDACachingAllocator decision for decision
 // (rounding, pools, segment sizes, split rules, oversize rules, the retry order on device OOM,
@@ -41,6 +44,7 @@
 #include "gpumem/core/detail/free_block_index.hpp"
 #include "gpumem/core/detail/oom_details.hpp"
 #include "gpumem/core/detail/pointer_map.hpp"
+#include "gpumem/core/detail/policy_rules.hpp"
 #include "gpumem/core/detail/pool_counters.hpp"
 #include "gpumem/core/detail/pools.hpp"
 #include "gpumem/core/detail/spin_mutex.hpp"
@@ -185,8 +189,9 @@ class caching_allocator {
       : device_(device), config_(std::move(config)), vmm_(device), stitch_(config_) {
     config_.validate();
     policy_ = config_.effective_policy(is_vmm_device_v<Device>);
+    rules_ = detail::policy_rules::of(policy_);
     if constexpr (is_vmm_device_v<Device>) {
-      if (vmm_policy()) granularity_ = device_.granularity();
+      if (rules_.maps_pages) granularity_ = device_.granularity();
     }
     stats_.max_split_size = static_cast<std::int64_t>(config_.max_split_size);
     if (config_.has_memory_cap()) set_memory_fraction(*config_.per_process_memory_fraction);
@@ -209,7 +214,7 @@ class caching_allocator {
     try {
       events_.destroy_all(/*wait=*/false);
       // cudaFree waits for the device; cuMemUnmap does not (see release_vmm_cache).
-      if (vmm_policy() && segments_ != nullptr) device_.synchronize();
+      if (rules_.maps_pages && segments_ != nullptr) device_.synchronize();
       for (segment_type* s = segments_; s != nullptr; s = s->next) {
         if (s->page_size != 0) {
           release_vmm_segment_unchecked(s);
@@ -280,9 +285,7 @@ class caching_allocator {
     const std::size_t rounded = detail::round_size(size, config_.divisions_for(size));
     pool_type& p = pool_for(lookup_pools(stream), rounded);
     block_type* b = get_free_block(p, rounded);
-    if (b == nullptr && policy_ == allocator_policy::stitch && !p.is_small) {
-      b = borrow_block(p, rounded, true);
-    }
+    if (b == nullptr) b = borrow_block(p, rounded, true);
     if (b == nullptr) return nullptr;
     return hand_out(b, rounded, size, stream);
   }
@@ -304,7 +307,7 @@ class caching_allocator {
   /// usage_error under stitch, whose size-class pools hold only blocks of their class.
   void set_no_split(bool no_split) {
     std::lock_guard<detail::spin_mutex> lock(mutex_);
-    if (no_split && policy_ == allocator_policy::stitch) {
+    if (no_split && rules_.stitches) {
       throw usage_error(
           "gpumem: set_no_split under the stitch policy: a whole block of one size class cannot "
           "serve a request of another (use classic or expandable)");
@@ -634,7 +637,7 @@ class caching_allocator {
   /// per operation while on. Starts from the memory counted now (no event for it).
   void set_reserved_events(bool on) {
     std::lock_guard<detail::spin_mutex> lock(mutex_);
-    const bool stitch = policy_ == allocator_policy::stitch;
+    const bool stitch = rules_.stitches;
     reporter_.set_reserved_events(on && stitch, on && stitch
                                                     ? reserved_ranges_locked()
                                                     : std::vector<reserved_range<stream_type>>{});
@@ -772,9 +775,7 @@ class caching_allocator {
     }
     b->allocated = false;
     const bool small = b->owner->is_small;
-    if (policy_ == allocator_policy::stitch && !small) {
-      pool_for(lookup_pools(b->owner->stream), b->size).has_freed = true;
-    }
+    note_class_freed(b);
     counts_.decrease(small, counter::allocation, 1);
     counts_.decrease(small, counter::allocated_bytes, as_i64(b->size));
     if (b->size >= config_.max_split_size) stats_.oversize_allocations.decrease(1);
@@ -787,6 +788,13 @@ class caching_allocator {
     } else {
       insert_events(b);
     }
+  }
+
+  // Stitch: the size class of a large block freed has freed blocks now, so it may borrow
+  // (borrow_block). Nothing under the other policies.
+  void note_class_freed(const block_type* b) {
+    if (!rules_.stitches || b->owner->is_small) return;
+    pool_for(lookup_pools(b->owner->stream), b->size).has_freed = true;
   }
 
   // Whether the allocator may free, unmap or synchronise to serve a miss (PyTorch releases
@@ -828,7 +836,7 @@ class caching_allocator {
 
   GPUMEM_ALWAYS_INLINE pool_type& pool_for(pools_type& sp, std::size_t rounded) {
     if (detail::is_small_request(rounded)) return sp.small;
-    if (policy_ != allocator_policy::stitch) return sp.large;
+    if (!rules_.stitches) return sp.large;
     pool_type* p = sp.by_class[detail::stitch_size_class(rounded)];
     return p != nullptr ? *p : make_class_pool(sp, rounded);
   }
@@ -856,7 +864,7 @@ class caching_allocator {
     if (gc_enabled() && !p.is_small) ++large_free_lookups_;
     for (;;) {
       block_type* b = p.index.lower_bound(rounded);
-      if (b != nullptr && policy_ == allocator_policy::expandable) b = least_expandable(p, b);
+      if (b != nullptr && rules_.grows_one_range) b = least_expandable(p, b);
       if (b == nullptr || oversize_refuses(b->size, rounded)) return restore_set_aside(nullptr);
       p.index.erase(b);
       if (b->seg->shared_pages == 0) return restore_set_aside(b);
@@ -923,7 +931,7 @@ class caching_allocator {
   // use-on-OOM), then free one oversize block and retry, then free the whole cache and retry; then
   // out_of_memory. Returns nullptr when the fallback served the request (fallback_ptr_).
   block_type* allocate_new_block(pool_type& p, std::size_t size, std::size_t rounded) {
-    if (vmm_policy()) return vmm_allocate_new_block(p, size, rounded);
+    if (rules_.maps_pages) return vmm_allocate_new_block(p, size, rounded);
     const std::size_t seg_size = detail::segment_size_for(rounded, config_.large_segment_size);
     const bool may_release_memory = may_release();
     if (gc_enabled() && may_release_memory) garbage_collect_cached_blocks();
@@ -975,7 +983,7 @@ class caching_allocator {
   // oversize block that covers the request, else the largest oversize blocks until enough.
   bool release_available_cached_blocks(pool_type& p, std::size_t rounded) {
     const std::size_t max_split = config_.max_split_size;
-    if (max_split == std::numeric_limits<std::size_t>::max() || vmm_policy()) return false;
+    if (max_split == std::numeric_limits<std::size_t>::max()) return false;
     const std::size_t key = rounded < max_split ? max_split : rounded;
     if (block_type* b = p.index.lower_bound(key)) {
       if (b->is_split())
@@ -999,7 +1007,7 @@ class caching_allocator {
   // PyTorch's release_cached_blocks: wait for all events, then free every unsplit cached block.
   void release_cached_blocks() {
     synchronize_and_free_events();
-    if (vmm_policy()) {
+    if (rules_.maps_pages) {
       release_vmm_cache();
       return;
     }
@@ -1017,7 +1025,6 @@ class caching_allocator {
   // PyTorch's garbage_collect_cached_blocks: above threshold x cap, free unsplit large blocks
   // whose age (free-block lookups since they were cached) is at least the average, repeatedly.
   void garbage_collect_cached_blocks() {
-    if (vmm_policy()) return;  // as PyTorch skips expandable segments: they unmap on empty_cache
     const auto threshold = static_cast<std::size_t>(config_.garbage_collection_threshold *
                                                     static_cast<double>(allowed_memory_maximum_));
     const std::size_t reserved = limited_total();
@@ -1080,7 +1087,7 @@ class caching_allocator {
     const bool already_split = b->is_split();
     // VMM segments split any remainder of at least 512 B (PyTorch's rule for expandable segments)
     // and are left out of inactive_split, as in PyTorch.
-    const bool vmm = vmm_policy();  // every segment of a VMM policy is a VMM segment
+    const bool vmm = rules_.maps_pages;  // every segment of a VMM policy is a VMM segment
     if (!no_split_ &&
         (vmm ? b->size - rounded >= detail::k_min_block_size
              : detail::should_split(b->size, rounded, p.is_small, config_.max_split_size))) {
@@ -1157,7 +1164,7 @@ class caching_allocator {
       }
     }
     index_insert(p, b);
-    if (vmm_policy()) {
+    if (rules_.maps_pages) {
       net_inactive_blocks = net_inactive_bytes = 0;  // VMM blocks are not inactive_split
     } else if (b->is_split()) {
       net_inactive_blocks += 1;
@@ -1249,18 +1256,15 @@ class caching_allocator {
   // freed lets a training loop's steady state reuse one phase's memory in the next (activations,
   // then gradients, then optimizer temporaries).
 
-  bool vmm_policy() const noexcept { return policy_ != allocator_policy::classic; }
-
   static std::size_t round_up(std::size_t v, std::size_t to) noexcept {
     return (v + to - 1) / to * to;
   }
 
   std::size_t vmm_page_size(const pool_type& p) const noexcept {
-    if (policy_ == allocator_policy::expandable && !p.is_small) {
+    if (rules_.grows_one_range && !p.is_small) {
       return round_up(config_.large_segment_size, granularity_);
     }
-    return policy_ == allocator_policy::expandable ? round_up(detail::k_small_buffer, granularity_)
-                                                   : granularity_;
+    return rules_.grows_one_range ? round_up(detail::k_small_buffer, granularity_) : granularity_;
   }
 
   // Free and usable: a mapped free block that is not shadowed, or an unmapped one.
@@ -1276,14 +1280,13 @@ class caching_allocator {
   // another class (if theirs has freed blocks), and borrow any block that fits when growing fails,
   // before the out-of-memory fallback and before the cache is given up.
   block_type* vmm_allocate_new_block(pool_type& p, std::size_t size, std::size_t rounded) {
-    if (policy_ == allocator_policy::stitch) note_requested_high_water(size);
-    const bool stitch_large = policy_ == allocator_policy::stitch && !p.is_small;
-    if (stitch_large && p.has_freed) {
+    if (rules_.stitches) note_requested_high_water(size);
+    if (p.has_freed) {  // only stitch's class pools free blocks of their class
       if (block_type* b = borrow_block(p, rounded, false)) return b;
     }
     bool fraction_refused = false;
     block_type* b = vmm_alloc_block(p, size, rounded, false, fraction_refused);
-    if (b == nullptr && stitch_large) b = borrow_block(p, rounded, true);
+    if (b == nullptr) b = borrow_block(p, rounded, true);
     if (b == nullptr && oom_fallback_ && try_fallback(size, p.stream)) return nullptr;
     if (b == nullptr && may_release()) {
       release_cached_blocks();
@@ -1312,6 +1315,7 @@ class caching_allocator {
   // fits exactly or leaves at least a page (not a sliver that no large request can use); the exact
   // fit first, else the smallest. As a last resort before giving up the cache: the best fit.
   block_type* borrow_block(pool_type& p, std::size_t rounded, bool last_resort) {
+    if (!rules_.stitches || p.is_small) return nullptr;  // only stitch's class pools borrow
     for (;;) {
       block_type* b = borrow_candidate(p, rounded, last_resort);
       if (b == nullptr) return restore_set_aside(nullptr);
@@ -1365,23 +1369,16 @@ class caching_allocator {
       segment_type* fresh = nullptr;
       const std::size_t page = vmm_page_size(p);
       const std::size_t needed = round_up(rounded, page);
-      if (c != nullptr && policy_ == allocator_policy::stitch && better_in_new_range(c, rounded)) {
+      if (c != nullptr && better_in_new_range(c, rounded)) {
         fresh = create_vmm_segment(p, detail::stitch_policy::fresh_range_size(needed), page);
         if (fresh != nullptr) c = fresh->head;
       }
       if (c == nullptr) {
-        if (policy_ == allocator_policy::expandable) {
-          fresh = create_vmm_segment(p, expandable_range_size(page), page);
-        } else {
-          const std::size_t seg_size = detail::stitch_policy::range_size(
-              p.address_space, needed, granularity_, device_.total_memory());
-          fresh = create_vmm_segment(p, seg_size, page);
-          if (fresh == nullptr && seg_size > needed) fresh = create_vmm_segment(p, needed, page);
-        }
+        fresh = create_range(p, needed, page);
         if (fresh == nullptr) return nullptr;
         c = fresh->head;
       }
-      if (policy_ == allocator_policy::stitch && settled()) ++p.settled_misses;
+      if (rules_.stitches && settled()) ++p.settled_misses;
       bool ok = c->mapped || map_block(c, std::min(c->size, rounded), fraction_refused);
       while (ok && c->size < rounded) {
         block_type* next = c->next;  // unmapped: free mapped neighbours are always merged
@@ -1426,6 +1423,7 @@ class caching_allocator {
   // are not contiguous enough to serve the request) cannot be shared into the run; in a new range
   // they can.
   bool better_in_new_range(block_type* c, std::size_t rounded) {
+    if (!rules_.stitches) return false;
     const segment_type& s = *c->seg;
     std::size_t remaining = rounded;
     std::size_t pages = 0;
@@ -1474,6 +1472,18 @@ class caching_allocator {
       }
     }
     return nullptr;
+  }
+
+  // A new range for pool p whose miss needs `needed` bytes of pages of `page` bytes, or nullptr
+  // when no address space is left. Expandable: 9/8 of the device (expandable_range_size). Stitch:
+  // stitch_policy's size, or just what is needed when that much address space is refused.
+  segment_type* create_range(pool_type& p, std::size_t needed, std::size_t page) {
+    if (rules_.grows_one_range) return create_vmm_segment(p, expandable_range_size(page), page);
+    const std::size_t size = detail::stitch_policy::range_size(
+        p.address_space, needed, granularity_, device_.total_memory());
+    segment_type* s = create_vmm_segment(p, size, page);
+    if (s == nullptr && size > needed) s = create_vmm_segment(p, needed, page);
+    return s;
   }
 
   // Expandable: PyTorch reserves 9/8 of the device per range, so that one range can hold all of
@@ -1530,7 +1540,7 @@ class caching_allocator {
   }
 
   // Frees the address range of a segment with nothing mapped.
-  void destroy_vmm_segment(segment_type* s) {
+  void destroy_vmm_segment([[maybe_unused]] segment_type* s) {
     if constexpr (is_vmm_device_v<Device>) {
       pool_type& p = *s->owner;
       block_type* b = s->head;
@@ -1541,8 +1551,6 @@ class caching_allocator {
       counts_.decrease(p.is_small, counter::segment, 1);
       unlink_segment(s);
       segment_pool_.destroy(s);
-    } else {
-      (void)s;  // VMM segments exist only on VMM devices
     }
   }
 
@@ -1604,32 +1612,28 @@ class caching_allocator {
   }
 
   // The bytes of physical memory VMM segment s accounts for (segment_snapshot::reserved_size).
-  std::size_t reserved_in(const segment_type& s) const {
+  std::size_t reserved_in([[maybe_unused]] const segment_type& s) const {
     std::size_t bytes = 0;
     if constexpr (is_vmm_device_v<Device>) {
       for (std::size_t i = 0; i < s.pages.size(); ++i) {
         if (vmm_.counted_at(s, i)) bytes += s.page_size;
       }
-    } else {
-      (void)s;
     }
     return bytes;
   }
   // ----------------------------------------------------------------------
 
   // A block of a range with shared pages becomes allocated: its range holds them now.
-  void hold_pages(block_type* b) {
+  void hold_pages([[maybe_unused]] block_type* b) {
     if constexpr (is_vmm_device_v<Device>) {
       const auto [first, last] = detail::page_span(b);
       vmm_.hold(*b->seg, first, last, b->owner->stream);
-    } else {
-      (void)b;
     }
   }
 
   // A block of a range with shared pages is free again: the pages that nobody holds any more are
   // usable again in their other ranges.
-  void release_held_pages(block_type* b) {
+  void release_held_pages([[maybe_unused]] block_type* b) {
     if constexpr (is_vmm_device_v<Device>) {
       const auto [first, last] = detail::page_span(b);
       vmm_.release_hold(*b->seg, first, last, [&](detail::page_id id) {
@@ -1637,8 +1641,6 @@ class caching_allocator {
           if (m.seg != b->seg) unshadow(m.seg, m.index);
         }
       });
-    } else {
-      (void)b;
     }
   }
 
@@ -1734,7 +1736,7 @@ class caching_allocator {
           out.push_back(id);
         }
       };
-      if (policy_ == allocator_policy::stitch) {
+      if (rules_.stitches) {
         create(pages_to_create(*target.owner, page, count));
         if (out.size() < count) {
           std::vector<detail::page_id>& shared = shared_scratch_;
@@ -1753,7 +1755,8 @@ class caching_allocator {
   }
 
   // Releases the pages acquire_pages created (those mapped nowhere yet).
-  void release_created(std::vector<detail::page_id>& ids, std::size_t created) {
+  void release_created([[maybe_unused]] std::vector<detail::page_id>& ids,
+                       [[maybe_unused]] std::size_t created) {
     if constexpr (is_vmm_device_v<Device>) {
       for (detail::page_id id : ids) {
         if (created == 0) break;
@@ -1763,16 +1766,15 @@ class caching_allocator {
         --created;
       }
       ids.clear();
-    } else {
-      (void)ids, (void)created;
     }
   }
 
   // Stitch: up to `count` free pages that can be mapped in range `target` as well: whole pages
   // inside free blocks of any pool, used by no range, not mapped in `target` yet. The target's own
   // stream first (no wait between streams), then the largest free runs, then the lowest address.
-  void collect_free_pages(const segment_type& target, std::size_t count,
-                          std::vector<detail::page_id>& out) {
+  void collect_free_pages([[maybe_unused]] const segment_type& target,
+                          [[maybe_unused]] std::size_t count,
+                          [[maybe_unused]] std::vector<detail::page_id>& out) {
     if constexpr (is_vmm_device_v<Device>) {
       out.clear();
       struct source {
@@ -1808,8 +1810,6 @@ class caching_allocator {
         }
         if (out.size() == count) return;
       }
-    } else {
-      (void)target, (void)count, (void)out;
     }
   }
 
@@ -1831,7 +1831,7 @@ class caching_allocator {
   // PyTorch's unmap_block: unmaps the whole pages inside free block b (mapped, or shadowed: then
   // all of it), leaving mapped free blocks for the partial pages at its edges. The host waited for
   // b's stream (release_vmm_cache). Pages mapped nowhere any more are released.
-  void unmap_block(block_type* b) {
+  void unmap_block([[maybe_unused]] block_type* b) {
     if constexpr (is_vmm_device_v<Device>) {
       segment_type* s = b->seg;
       pool_type& p = *b->owner;
@@ -1858,8 +1858,6 @@ class caching_allocator {
       try_merge_blocks(b, b->prev, p);
       try_merge_blocks(b, b->next, p);
       p.unmapped.insert(b);
-    } else {
-      (void)b;
     }
   }
 
@@ -1948,7 +1946,7 @@ class caching_allocator {
 
   // Destructor helper: unmaps every page and releases the address range; the pages are released
   // with their last mapping. May throw.
-  void release_vmm_segment_unchecked(segment_type* s) {
+  void release_vmm_segment_unchecked([[maybe_unused]] segment_type* s) {
     if constexpr (is_vmm_device_v<Device>) {
       for (std::size_t i = 0; i < s->pages.size();) {
         std::size_t j = i;
@@ -1957,8 +1955,6 @@ class caching_allocator {
         i = j + 1;
       }
       vmm_.free_range(*s);
-    } else {
-      (void)s;
     }
   }
 
@@ -2077,14 +2073,15 @@ class caching_allocator {
   // --- invariants --------------------------------------------------------------------------------
 
   void check_invariants_locked() const {
-    detail::allocator_invariants<Device>::check(detail::allocator_state<Device>{
-        segments_, stream_pools_, allocated_, counts_, stats_, vmm_, reserved_total_,
-        config_.max_split_size, policy_ == allocator_policy::stitch});
+    detail::allocator_invariants<Device>::check(
+        detail::allocator_state<Device>{segments_, stream_pools_, allocated_, counts_, stats_, vmm_,
+                                        reserved_total_, config_.max_split_size, rules_.stitches});
   }
 
   Device& device_;
   allocator_config config_;
   allocator_policy policy_ = allocator_policy::classic;
+  detail::policy_rules rules_;  // what policy_ does differently (core/detail/policy_rules.hpp)
   mutable detail::spin_mutex mutex_;
 
   std::vector<std::unique_ptr<pools_type>> stream_pools_;
