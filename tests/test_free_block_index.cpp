@@ -5,6 +5,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <stdexcept>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -13,6 +14,7 @@
 
 #include "gpumem/core/detail/free_block_index.hpp"
 #include "gpumem/core/detail/pointer_map.hpp"
+#include "gpumem/core/detail/pools.hpp"
 
 namespace {
 
@@ -109,6 +111,63 @@ TEST(FreeBlockIndex, MatchesOrderedSetUnderRandomOperations) {
   index->for_each([&](block* b) { visited.emplace_back(b->size, b->ptr); });
   const entries expected(reference.begin(), reference.end());
   EXPECT_EQ(visited, expected);
+}
+
+// check() accepts a consistent index and finds each kind of damage: a block resized in place (it
+// sits in the wrong class), a block whose flag says it left, two equal keys out of order.
+TEST(FreeBlockIndex, CheckFindsItsOwnDamage) {
+  auto index = std::make_unique<index_type>();
+  std::vector<block> blocks(64);
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    blocks[i].ptr = (std::uintptr_t{1} << 30) + i * (std::size_t{4} << 20);
+    blocks[i].size = 512 * (1 + i % 5) + (i % 2) * (std::size_t{3} << 20);
+    index->insert(&blocks[i]);
+  }
+  EXPECT_NO_THROW(index->check());
+  blocks[7].size += std::size_t{64} << 20;  // another class now
+  EXPECT_THROW(index->check(), std::logic_error);
+  blocks[7].size -= std::size_t{64} << 20;
+  EXPECT_NO_THROW(index->check());
+  blocks[9].indexed = false;
+  EXPECT_THROW(index->check(), std::logic_error);
+  blocks[9].indexed = true;
+  const std::uintptr_t a = blocks[0].ptr;  // blocks 0 and 10 have the same size and class
+  blocks[0].ptr = blocks[10].ptr;
+  blocks[10].ptr = a;
+  EXPECT_THROW(index->check(), std::logic_error);
+}
+
+// A pool checks that each of its sets holds its own blocks in the set's state, and that a class
+// pool's free bound covers its largest free block.
+TEST(Pool, CheckFindsBlocksInTheWrongSet) {
+  using pool_type = gpumem::detail::pool<int>;
+  auto p = std::make_unique<pool_type>();
+  auto other = std::make_unique<pool_type>();
+  std::vector<block> blocks(3);
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    blocks[i].ptr = (std::uintptr_t{1} << 30) + i * (std::size_t{2} << 20);
+    blocks[i].size = std::size_t{2} << 20;
+    blocks[i].owner = p.get();
+  }
+  p->index.insert(&blocks[0]);
+  blocks[1].mapped = false;
+  p->unmapped.insert(&blocks[1]);
+  blocks[2].shadowed = true;
+  p->shadowed.insert(&blocks[2]);
+  std::size_t bound = std::size_t{2} << 20;
+  p->free_bound = &bound;
+  EXPECT_NO_THROW(p->check());
+  bound -= 1;
+  EXPECT_THROW(p->check(), std::logic_error);
+  bound += 1;
+  blocks[1].mapped = true;
+  EXPECT_THROW(p->check(), std::logic_error);
+  blocks[1].mapped = false;
+  blocks[2].owner = other.get();
+  EXPECT_THROW(p->check(), std::logic_error);
+  blocks[2].owner = p.get();
+  blocks[0].owner = other.get();
+  EXPECT_THROW(p->check(), std::logic_error);
 }
 
 TEST(PointerMap, MatchesHashMapUnderRandomOperations) {

@@ -19,6 +19,7 @@
 
 #include <gtest/gtest.h>
 
+#include "gpumem/core/detail/pool_counters.hpp"
 #include "gpumem/stats.hpp"
 
 namespace {
@@ -821,6 +822,27 @@ TEST(Json, ReaderRejectsMalformedText) {
   EXPECT_THROW(json_reader("{\"a\": -}").parse(), std::runtime_error);
   EXPECT_THROW(json_reader("{\"a\": 1} x").parse(), std::runtime_error);
   EXPECT_NO_THROW(json_reader("{\"a\": {\"b\": -2}, \"c\": 3}").parse());
+}
+
+// ---- pool_counters::check (the invariant checker's recount) ---------------------------------
+
+TEST(PoolCounters, CheckComparesEveryEntryWithTheRecount) {
+  using gpumem::detail::counter;
+  gpumem::detail::pool_counters counts;
+  counts.increase(true, counter::allocation, 2);
+  counts.increase(false, counter::reserved_bytes, 4096);
+  gpumem::detail::pool_counters::recount expected{};
+  expected[static_cast<std::size_t>(counter::allocation)] = {2, 2, 0};
+  expected[static_cast<std::size_t>(counter::reserved_bytes)] = {4096, 0, 4096};
+  EXPECT_NO_THROW(counts.check(expected));
+  expected[static_cast<std::size_t>(counter::reserved_bytes)][2] = 4095;  // the large pool's
+  try {
+    counts.check(expected);
+    FAIL() << "a wrong large-pool entry passed";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("stat reserved_bytes[2] is 4096"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -1,7 +1,10 @@
 // gpumem — caching_allocator<Device>: a caching device-memory allocator with PyTorch's semantics.
 //
 // docs/architecture.md defines the words used here (segment, block, pool, range, page, shared
-// page, ...) and follows one allocation through this file, policy by policy.
+// page, ...) and follows one allocation through this file, policy by policy. This class
+// orchestrates: its components under core/detail/ (pools, free index, counters, pointer map, VMM
+// pages, stitch's decisions, policy rules, events, the invariant checker) each do one job and
+// check their own invariants; "Components" in docs/architecture.md is the contract between them.
 //
 // The classic policy reproduces PyTorch's native CUDACachingAllocator decision for decision
 // (rounding, pools, segment sizes, split rules, oversize rules, the retry order on device OOM,
@@ -21,7 +24,6 @@
 #include <exception>
 #include <functional>
 #include <limits>
-#include <map>
 #include <memory>
 #include <mutex>  // std::lock_guard
 #include <optional>
@@ -37,10 +39,16 @@
 #include <fmt/format.h>
 
 #include "gpumem/config.hpp"
+#include "gpumem/core/allocator_events.hpp"
+#include "gpumem/core/detail/allocator_invariants.hpp"
 #include "gpumem/core/detail/block.hpp"
+#include "gpumem/core/detail/event_reporter.hpp"
 #include "gpumem/core/detail/free_block_index.hpp"
+#include "gpumem/core/detail/oom_details.hpp"
 #include "gpumem/core/detail/pointer_map.hpp"
+#include "gpumem/core/detail/policy_rules.hpp"
 #include "gpumem/core/detail/pool_counters.hpp"
+#include "gpumem/core/detail/pools.hpp"
 #include "gpumem/core/detail/spin_mutex.hpp"
 #include "gpumem/core/detail/stitch_policy.hpp"
 #include "gpumem/core/detail/vmm_pages.hpp"
@@ -57,73 +65,10 @@ namespace gpumem {
 
 namespace detail {
 
-template <class Stream>
-struct address_order {
-  using is_transparent = void;  // also compares with an address
-  bool operator()(const block<Stream>* a, const block<Stream>* b) const noexcept {
-    return a->ptr < b->ptr;
-  }
-  bool operator()(const block<Stream>* a, std::uintptr_t b) const noexcept { return a->ptr < b; }
-  bool operator()(std::uintptr_t a, const block<Stream>* b) const noexcept { return a < b->ptr; }
-};
-
 // Reserved bytes of several allocators counted together against the memory fraction
 // (share_memory_limit_with): a device's default pool and its private pools, as PyTorch counts them.
 struct reserved_ledger {
   std::atomic<std::size_t> bytes{0};
-};
-
-// What a device without virtual memory management has of vmm_pages: nothing.
-template <class Device>
-struct no_vmm_pages {
-  explicit no_vmm_pages(Device&) noexcept {}
-};
-
-template <class Stream>
-struct pool {
-  Stream stream{};
-  bool is_small = false;
-  free_block_index<Stream> index;  // free mapped blocks
-  // Unmapped blocks of this pool's VMM segments, lowest address first (touched on misses only).
-  std::set<block<Stream>*, address_order<Stream>> unmapped;
-  // Stitch: its shadowed blocks (free, mapped to pages other ranges hold), lowest address first.
-  std::set<block<Stream>*, address_order<Stream>> shadowed;
-  std::size_t address_space = 0;  // bytes of address ranges its VMM segments hold
-  // Stitch class pools: a block of this size class has been freed since the allocator started or
-  // the cache was last emptied (the class's blocks are not all long-lived), so the class may borrow
-  // free blocks of other such classes (borrow_block).
-  bool has_freed = false;
-  // Stitch: misses since the workload settled (see pages_to_create).
-  std::uint32_t settled_misses = 0;
-  // Stitch class pools: this pool's slot in stream_pools::free_bound (nullptr for other pools).
-  std::size_t* free_bound = nullptr;
-};
-
-template <class Stream>
-struct stream_pools {
-  pool<Stream> small;
-  pool<Stream> large;  // the large requests (stitch: only those above k_max_request, refused)
-  // Stitch: the large requests' pools, one per size class (stitch_size_class), made on first use.
-  std::array<pool<Stream>*, k_stitch_classes> by_class{};
-  std::vector<std::unique_ptr<pool<Stream>>> classes;  // the ones made, in creation order
-  // For each of `classes`, same order: at least the size of its largest free block. Raised on
-  // every insert, lowered when a lookup finds nothing, so borrow_block skips a class that cannot
-  // lend without searching its index (a stream has dozens of classes; most cannot lend).
-  std::array<std::size_t, k_stitch_classes> free_bound{};
-
-  /// Visits every pool of the stream: large, small, then the stitch classes.
-  template <class F>
-  void for_each(F&& f) {
-    f(large);
-    f(small);
-    for (auto& c : classes) f(*c);
-  }
-  template <class F>
-  void for_each(F&& f) const {
-    f(large);
-    f(small);
-    for (const auto& c : classes) f(static_cast<const pool<Stream>&>(*c));
-  }
 };
 
 }  // namespace detail
@@ -212,16 +157,6 @@ std::vector<segment_part> segment_parts(const segment_snapshot<Stream>& s,
   return parts;
 }
 
-/// A part of the device's memory that reserved memory counts (caching_allocator::reserved_ranges).
-template <class Stream>
-struct reserved_range {
-  std::uintptr_t address = 0;
-  std::size_t size = 0;
-  Stream stream{};
-  bool is_small = false;
-  bool is_expandable = false;  ///< part of a range mapped page by page (expandable, stitch)
-};
-
 /// The three byte counts people watch, current values (what stats() reports in requested_bytes,
 /// allocated_bytes and reserved_bytes [all], without copying every statistic).
 struct memory_usage {
@@ -229,114 +164,6 @@ struct memory_usage {
   std::size_t allocated = 0;  ///< bytes of blocks handed out
   std::size_t reserved = 0;   ///< bytes held from the device
 };
-
-/// What the allocator did, as PyTorch's allocator trace records it (TraceEntry's actions).
-enum class allocator_action {
-  alloc,           ///< a block handed out (size: requested bytes)
-  free_requested,  ///< a block given back (size: requested bytes)
-  free_completed,  ///< a freed block reusable again (after its recorded streams' events)
-  segment_alloc,   ///< memory obtained from the device (cudaMalloc; size: segment bytes)
-  segment_free,    ///< memory returned to the device (cudaFree)
-  segment_map,     ///< pages mapped into a VMM range (address and size of the mapped range)
-  segment_unmap,   ///< pages unmapped from a VMM range
-  oom              ///< an out_of_memory about to be thrown (address: device free bytes)
-};
-
-/// Which view of memory a segment event (segment_alloc / free / map / unmap) speaks for. The two
-/// differ only under stitch, which may map a physical page at two addresses: the device sees two
-/// mappings, reserved memory counts the page once, at the address that uses it.
-enum class segment_view : std::uint8_t {
-  both,      ///< a device call, and the same change in what reserved memory counts
-  device,    ///< a device call only (caching_allocator::set_reserved_events on, under stitch)
-  reserved,  ///< a change in what reserved memory counts only (the same, under stitch)
-};
-
-/// The action's name in PyTorch's trace entries ("alloc", "segment_map", ...).
-constexpr std::string_view to_string(allocator_action a) noexcept {
-  switch (a) {
-    case allocator_action::alloc:
-      return "alloc";
-    case allocator_action::free_requested:
-      return "free_requested";
-    case allocator_action::free_completed:
-      return "free_completed";
-    case allocator_action::segment_alloc:
-      return "segment_alloc";
-    case allocator_action::segment_free:
-      return "segment_free";
-    case allocator_action::segment_map:
-      return "segment_map";
-    case allocator_action::segment_unmap:
-      return "segment_unmap";
-    case allocator_action::oom:
-      return "oom";
-  }
-  return "oom";
-}
-
-/// One allocator_action with its address, size and stream, passed to an event observer.
-template <class Stream>
-struct allocator_event {
-  allocator_action action = allocator_action::alloc;
-  std::uintptr_t address = 0;
-  std::size_t size = 0;
-  Stream stream{};
-  segment_view view = segment_view::both;  ///< for the segment actions
-};
-
-namespace detail {
-
-/// What changed between two reserved_ranges() lists, as segment events given to
-/// emit(action, address, size, stream): the memory given back first, then the memory obtained. A
-/// classic segment (is_expandable false) comes or goes whole (segment_alloc / segment_free); the
-/// parts of VMM ranges are compared as address intervals (segment_map / segment_unmap of what
-/// differs).
-template <class Stream, class Emit>
-void diff_reserved_ranges(const std::vector<reserved_range<Stream>>& before,
-                          const std::vector<reserved_range<Stream>>& after, Emit&& emit) {
-  using range = reserved_range<Stream>;
-  auto by_address = [](const range* a, const range* b) { return a->address < b->address; };
-  std::vector<const range*> a;
-  std::vector<const range*> b;
-  for (const range& r : before) a.push_back(&r);
-  for (const range& r : after) b.push_back(&r);
-  std::sort(a.begin(), a.end(), by_address);
-  std::sort(b.begin(), b.end(), by_address);
-  // The parts of each range of `from` that no range of `other` covers (VMM), or the ranges that
-  // `other` does not have exactly (classic).
-  auto missing = [&emit](const std::vector<const range*>& from,
-                         const std::vector<const range*>& other, allocator_action whole,
-                         allocator_action part) {
-    std::size_t j = 0;
-    for (const range* r : from) {
-      while (j < other.size() && other[j]->address + other[j]->size <= r->address) ++j;
-      if (!r->is_expandable) {
-        bool same = false;
-        for (std::size_t k = j; k < other.size() && other[k]->address <= r->address; ++k) {
-          if (other[k]->address == r->address && other[k]->size == r->size &&
-              !other[k]->is_expandable) {
-            same = true;
-          }
-        }
-        if (!same) emit(whole, r->address, r->size, r->stream);
-        continue;
-      }
-      std::uintptr_t at = r->address;
-      const std::uintptr_t end = r->address + r->size;
-      for (std::size_t k = j; k < other.size() && other[k]->address < end && at < end; ++k) {
-        const range* o = other[k];
-        if (o->address + o->size <= at) continue;
-        if (o->address > at) emit(part, at, o->address - at, r->stream);
-        at = std::max(at, o->address + o->size);
-      }
-      if (at < end) emit(part, at, end - at, r->stream);
-    }
-  };
-  missing(a, b, allocator_action::segment_free, allocator_action::segment_unmap);
-  missing(b, a, allocator_action::segment_alloc, allocator_action::segment_map);
-}
-
-}  // namespace detail
 
 /// A caching allocator over `Device` (see device/device.hpp for the device concept).
 ///
@@ -364,8 +191,9 @@ class caching_allocator {
       : device_(device), config_(std::move(config)), vmm_(device), stitch_(config_) {
     config_.validate();
     policy_ = config_.effective_policy(is_vmm_device_v<Device>);
+    rules_ = detail::policy_rules::of(policy_);
     if constexpr (is_vmm_device_v<Device>) {
-      if (vmm_policy()) granularity_ = device_.granularity();
+      if (rules_.maps_pages) granularity_ = device_.granularity();
     }
     stats_.max_split_size = static_cast<std::int64_t>(config_.max_split_size);
     capture_reuse_ = config_.graph_capture_record_stream_reuse;
@@ -389,7 +217,7 @@ class caching_allocator {
     try {
       events_.destroy_all(/*wait=*/false);
       // cudaFree waits for the device; cuMemUnmap does not (see release_vmm_cache).
-      if (vmm_policy() && segments_ != nullptr) device_.synchronize();
+      if (rules_.maps_pages && segments_ != nullptr) device_.synchronize();
       for (segment_type* s = segments_; s != nullptr; s = s->next) {
         if (s->page_size != 0) {
           release_vmm_segment_unchecked(s);
@@ -422,7 +250,7 @@ class caching_allocator {
   void* allocate(std::size_t size, stream_type stream) {
     if (size == 0) return nullptr;
     std::lock_guard<detail::spin_mutex> lock(mutex_);
-    observer_error_ = nullptr;
+    reporter_.clear_error();
     // PyTorch's malloc: no event query while a capture may be under way (an event recorded in a
     // capture cannot be queried); what was freed meanwhile waits for the capture's end, or, with
     // graph_capture_record_stream_reuse, until the graph orders its uses before this stream's
@@ -457,16 +285,14 @@ class caching_allocator {
   void* allocate_cached(std::size_t size, stream_type stream) {
     if (size == 0 || size > detail::k_max_request) return nullptr;
     std::lock_guard<detail::spin_mutex> lock(mutex_);
-    observer_error_ = nullptr;
+    reporter_.clear_error();
     if (captures_underway_ == 0 && (!events_.empty() || !deferred_.empty())) {
       process_events();
     }
     const std::size_t rounded = detail::round_size(size, config_.divisions_for(size));
     pool_type& p = pool_for(lookup_pools(stream), rounded);
     block_type* b = get_free_block(p, rounded);
-    if (b == nullptr && policy_ == allocator_policy::stitch && !p.is_small) {
-      b = borrow_block(p, rounded, true);
-    }
+    if (b == nullptr) b = borrow_block(p, rounded, true);
     if (b == nullptr) return nullptr;
     return hand_out(b, rounded, size, stream);
   }
@@ -488,7 +314,7 @@ class caching_allocator {
   /// usage_error under stitch, whose size-class pools hold only blocks of their class.
   void set_no_split(bool no_split) {
     std::lock_guard<detail::spin_mutex> lock(mutex_);
-    if (no_split && policy_ == allocator_policy::stitch) {
+    if (no_split && rules_.stitches) {
       throw usage_error(
           "gpumem: set_no_split under the stitch policy: a whole block of one size class cannot "
           "serve a request of another (use classic or expandable)");
@@ -513,7 +339,7 @@ class caching_allocator {
   bool try_deallocate(void* ptr) {
     if (ptr == nullptr) return true;
     std::lock_guard<detail::spin_mutex> lock(mutex_);
-    observer_error_ = nullptr;
+    reporter_.clear_error();
     block_type* b = allocated_.erase(reinterpret_cast<std::uintptr_t>(ptr));
     if (b == nullptr) return false;
     release_allocated(b);
@@ -552,7 +378,7 @@ class caching_allocator {
     std::lock_guard<detail::spin_mutex> lock(mutex_);
     if (captures_underway_ > 0) return;
     if (memory_fixed_) return;
-    observer_error_ = nullptr;
+    reporter_.clear_error();
     release_cached_blocks();
     forget_freed_classes();
     report_reserved_changes();
@@ -829,9 +655,10 @@ class caching_allocator {
   /// per operation while on. Starts from the memory counted now (no event for it).
   void set_reserved_events(bool on) {
     std::lock_guard<detail::spin_mutex> lock(mutex_);
-    reserved_events_ = on && policy_ == allocator_policy::stitch;
-    reserved_reported_.clear();
-    if (reserved_events_) reserved_reported_ = reserved_ranges_locked();
+    const bool stitch = rules_.stitches;
+    reporter_.set_reserved_events(on && stitch, on && stitch
+                                                    ? reserved_ranges_locked()
+                                                    : std::vector<reserved_range<stream_type>>{});
   }
 
   /// The segment holding live allocation `ptr`: its base address and size (PyTorch's
@@ -858,7 +685,7 @@ class caching_allocator {
     if constexpr (is_vmm_device_v<Device> && detail::has_export_handle_v<Device>) {
       const segment_type& s = *b->seg;
       if (s.page_size != 0) {
-        const auto [first, last] = page_span(b);
+        const auto [first, last] = detail::page_span(b);
         shared_block out;
         out.offset = b->ptr - (s.ptr + first * s.page_size);
         out.size = b->requested_size;
@@ -899,7 +726,7 @@ class caching_allocator {
   /// Not to be called concurrently with other members.
   void set_event_observer(event_observer observer) {
     std::lock_guard<detail::spin_mutex> lock(mutex_);
-    observer_ = std::move(observer);
+    reporter_.set_observer(std::move(observer));
   }
 
   /// The requested size of a live allocation. Throws usage_error for a foreign pointer.
@@ -930,29 +757,27 @@ class caching_allocator {
 
   static std::int64_t as_i64(std::size_t v) noexcept { return static_cast<std::int64_t>(v); }
 
-  // An observer that throws must not leave the allocator half-changed: the first exception is
-  // kept, the operation goes on to a consistent state, and the public member rethrows it.
-  void notify(allocator_action action, std::uintptr_t address, std::size_t size, stream_type stream,
-              segment_view view = segment_view::both) const {
-    if (view == segment_view::both && reserved_events_ && is_segment_action(action)) {
-      view = segment_view::device;  // the reserved view comes from report_reserved_changes
-    }
-    try {
-      observer_(allocator_event<stream_type>{action, address, size, stream, view});
-    } catch (...) {
-      if (!observer_error_) observer_error_ = std::current_exception();
-    }
+  // The observer, told through reporter_ (core/detail/event_reporter.hpp). An observer that throws
+  // must not leave the allocator half-changed: the first exception is kept, the operation goes on
+  // to a consistent state, and the public member rethrows it.
+  void notify(allocator_action action, std::uintptr_t address, std::size_t size,
+              stream_type stream) const {
+    reporter_.notify(action, address, size, stream);
   }
+  void report_reserved_changes() {
+    reporter_.report_reserved_changes([this] { return reserved_ranges_locked(); });
+  }
+  void rethrow_observer_error() { reporter_.rethrow_error(); }
 
   // allocate's and allocate_cached's last step: block b (found or made) is handed out for `size`
   // bytes and the observer told. An observer that throws undoes it: the caller gets the exception
   // and no pointer.
   void* hand_out(block_type* b, std::size_t rounded, std::size_t size, stream_type stream) {
     void* ptr = alloc_found_block(b, *b->owner, rounded, size);
-    if (observer_) {
+    if (reporter_.listening()) {
       report_reserved_changes();
       notify(allocator_action::alloc, reinterpret_cast<std::uintptr_t>(ptr), size, stream);
-      if (observer_error_) {
+      if (reporter_.failed()) {
         release_allocated(allocated_.erase(reinterpret_cast<std::uintptr_t>(ptr)));
         report_reserved_changes();
         rethrow_observer_error();
@@ -961,40 +786,14 @@ class caching_allocator {
     return ptr;
   }
 
-  static bool is_segment_action(allocator_action a) noexcept {
-    return a == allocator_action::segment_alloc || a == allocator_action::segment_free ||
-           a == allocator_action::segment_map || a == allocator_action::segment_unmap;
-  }
-
-  // Under set_reserved_events: what reserved memory counts now and did not at the last report
-  // (and the reverse), as segment events of view `reserved`. Under the lock, at the end of every
-  // operation that may have changed it (stitch moves the count of a shared page from one address
-  // to another without any device call). O(segments + pages).
-  void report_reserved_changes() {
-    if (!reserved_events_ || !observer_) return;
-    std::vector<reserved_range<stream_type>> now = reserved_ranges_locked();
-    detail::diff_reserved_ranges(
-        reserved_reported_, now,
-        [this](allocator_action a, std::uintptr_t address, std::size_t size, stream_type stream) {
-          notify(a, address, size, stream, segment_view::reserved);
-        });
-    reserved_reported_ = std::move(now);
-  }
-
-  void rethrow_observer_error() {
-    if (observer_error_) std::rethrow_exception(std::exchange(observer_error_, nullptr));
-  }
-
   // Frees block b, just taken out of the pointer map: deallocate's work.
   void release_allocated(block_type* b) {
-    if (observer_) {
+    if (reporter_.listening()) {
       notify(allocator_action::free_requested, b->ptr, b->requested_size, b->owner->stream);
     }
     b->allocated = false;
     const bool small = b->owner->is_small;
-    if (policy_ == allocator_policy::stitch && !small) {
-      pool_for(lookup_pools(b->owner->stream), b->size).has_freed = true;
-    }
+    note_class_freed(b);
     counts_.decrease(small, counter::allocation, 1);
     counts_.decrease(small, counter::allocated_bytes, as_i64(b->size));
     if (b->size >= config_.max_split_size) stats_.oversize_allocations.decrease(1);
@@ -1008,6 +807,13 @@ class caching_allocator {
     } else {
       insert_events(b);
     }
+  }
+
+  // Stitch: the size class of a large block freed has freed blocks now, so it may borrow
+  // (borrow_block). Nothing under the other policies.
+  void note_class_freed(const block_type* b) {
+    if (!rules_.stitches || b->owner->is_small) return;
+    pool_for(lookup_pools(b->owner->stream), b->size).has_freed = true;
   }
 
   // Whether the allocator may free, unmap or synchronise to serve a miss (PyTorch releases
@@ -1049,7 +855,7 @@ class caching_allocator {
 
   GPUMEM_ALWAYS_INLINE pool_type& pool_for(pools_type& sp, std::size_t rounded) {
     if (detail::is_small_request(rounded)) return sp.small;
-    if (policy_ != allocator_policy::stitch) return sp.large;
+    if (!rules_.stitches) return sp.large;
     pool_type* p = sp.by_class[detail::stitch_size_class(rounded)];
     return p != nullptr ? *p : make_class_pool(sp, rounded);
   }
@@ -1077,7 +883,7 @@ class caching_allocator {
     if (gc_enabled() && !p.is_small) ++large_free_lookups_;
     for (;;) {
       block_type* b = p.index.lower_bound(rounded);
-      if (b != nullptr && policy_ == allocator_policy::expandable) b = least_expandable(p, b);
+      if (b != nullptr && rules_.grows_one_range) b = least_expandable(p, b);
       if (b == nullptr || oversize_refuses(b->size, rounded)) return restore_set_aside(nullptr);
       p.index.erase(b);
       if (b->seg->shared_pages == 0) return restore_set_aside(b);
@@ -1108,7 +914,7 @@ class caching_allocator {
   bool orders_during_capture(const block_type* b) const noexcept {
     if constexpr (is_vmm_device_v<Device>) {
       if (captures_underway_ == 0 || b->seg->shared_pages == 0) return false;
-      const auto [first, last] = page_span(b);
+      const auto [first, last] = detail::page_span(b);
       return vmm_.would_order(*b->seg, first, last, b->owner->stream);
     } else {
       (void)b;
@@ -1144,7 +950,7 @@ class caching_allocator {
   // use-on-OOM), then free one oversize block and retry, then free the whole cache and retry; then
   // out_of_memory. Returns nullptr when the fallback served the request (fallback_ptr_).
   block_type* allocate_new_block(pool_type& p, std::size_t size, std::size_t rounded) {
-    if (vmm_policy()) return vmm_allocate_new_block(p, size, rounded);
+    if (rules_.maps_pages) return vmm_allocate_new_block(p, size, rounded);
     const std::size_t seg_size = detail::segment_size_for(rounded, config_.large_segment_size);
     const bool may_release_memory = may_release();
     if (gc_enabled() && may_release_memory) garbage_collect_cached_blocks();
@@ -1185,7 +991,7 @@ class caching_allocator {
 
     block_type* b = block_pool_.create(s->ptr, seg_size, &p, s);
     s->head = b;
-    if (observer_) notify(allocator_action::segment_alloc, s->ptr, seg_size, p.stream);
+    if (reporter_.listening()) notify(allocator_action::segment_alloc, s->ptr, seg_size, p.stream);
     counts_.increase(p.is_small, counter::segment, 1);
     counts_.increase(p.is_small, counter::reserved_bytes, as_i64(seg_size));
     if (seg_size >= config_.max_split_size) stats_.oversize_segments.increase(1);
@@ -1196,7 +1002,7 @@ class caching_allocator {
   // oversize block that covers the request, else the largest oversize blocks until enough.
   bool release_available_cached_blocks(pool_type& p, std::size_t rounded) {
     const std::size_t max_split = config_.max_split_size;
-    if (max_split == std::numeric_limits<std::size_t>::max() || vmm_policy()) return false;
+    if (max_split == std::numeric_limits<std::size_t>::max()) return false;
     const std::size_t key = rounded < max_split ? max_split : rounded;
     if (block_type* b = p.index.lower_bound(key)) {
       if (b->is_split())
@@ -1220,7 +1026,7 @@ class caching_allocator {
   // PyTorch's release_cached_blocks: wait for all events, then free every unsplit cached block.
   void release_cached_blocks() {
     synchronize_and_free_events();
-    if (vmm_policy()) {
+    if (rules_.maps_pages) {
       release_vmm_cache();
       return;
     }
@@ -1238,7 +1044,6 @@ class caching_allocator {
   // PyTorch's garbage_collect_cached_blocks: above threshold x cap, free unsplit large blocks
   // whose age (free-block lookups since they were cached) is at least the average, repeatedly.
   void garbage_collect_cached_blocks() {
-    if (vmm_policy()) return;  // as PyTorch skips expandable segments: they unmap on empty_cache
     const auto threshold = static_cast<std::size_t>(config_.garbage_collection_threshold *
                                                     static_cast<double>(allowed_memory_maximum_));
     const std::size_t reserved = limited_total();
@@ -1280,7 +1085,8 @@ class caching_allocator {
   void release_block(block_type* b) {
     segment_type* s = b->seg;
     // Before the memory goes: an observer may have to deregister it (NCCL).
-    if (observer_) notify(allocator_action::segment_free, s->ptr, s->size, b->owner->stream);
+    if (reporter_.listening())
+      notify(allocator_action::segment_free, s->ptr, s->size, b->owner->stream);
     device_.deallocate(reinterpret_cast<void*>(s->ptr), s->size);
     ++stats_.num_device_free;
     sub_reserved(s->size);
@@ -1300,7 +1106,7 @@ class caching_allocator {
     const bool already_split = b->is_split();
     // VMM segments split any remainder of at least 512 B (PyTorch's rule for expandable segments)
     // and are left out of inactive_split, as in PyTorch.
-    const bool vmm = vmm_policy();  // every segment of a VMM policy is a VMM segment
+    const bool vmm = rules_.maps_pages;  // every segment of a VMM policy is a VMM segment
     if (!no_split_ &&
         (vmm ? b->size - rounded >= detail::k_min_block_size
              : detail::should_split(b->size, rounded, p.is_small, config_.max_split_size))) {
@@ -1359,7 +1165,8 @@ class caching_allocator {
   // PyTorch's free_block: merge with free neighbours and return to the pool.
   GPUMEM_ALWAYS_INLINE void free_block(block_type* b) {
     pool_type& p = *b->owner;
-    if (observer_) notify(allocator_action::free_completed, b->ptr, b->requested_size, p.stream);
+    if (reporter_.listening())
+      notify(allocator_action::free_completed, b->ptr, b->requested_size, p.stream);
     if (b->seg->page_size != 0) {
       b->freed_at = allocation_total();
       if (b->seg->shared_pages != 0) release_held_pages(b);
@@ -1376,7 +1183,7 @@ class caching_allocator {
       }
     }
     index_insert(p, b);
-    if (vmm_policy()) {
+    if (rules_.maps_pages) {
       net_inactive_blocks = net_inactive_bytes = 0;  // VMM blocks are not inactive_split
     } else if (b->is_split()) {
       net_inactive_blocks += 1;
@@ -1468,18 +1275,15 @@ class caching_allocator {
   // freed lets a training loop's steady state reuse one phase's memory in the next (activations,
   // then gradients, then optimizer temporaries).
 
-  bool vmm_policy() const noexcept { return policy_ != allocator_policy::classic; }
-
   static std::size_t round_up(std::size_t v, std::size_t to) noexcept {
     return (v + to - 1) / to * to;
   }
 
   std::size_t vmm_page_size(const pool_type& p) const noexcept {
-    if (policy_ == allocator_policy::expandable && !p.is_small) {
+    if (rules_.grows_one_range && !p.is_small) {
       return round_up(config_.large_segment_size, granularity_);
     }
-    return policy_ == allocator_policy::expandable ? round_up(detail::k_small_buffer, granularity_)
-                                                   : granularity_;
+    return rules_.grows_one_range ? round_up(detail::k_small_buffer, granularity_) : granularity_;
   }
 
   // Free and usable: a mapped free block that is not shadowed, or an unmapped one.
@@ -1490,26 +1294,18 @@ class caching_allocator {
 
   static bool is_out_of_memory(const cuda_error& e) noexcept { return e.code() == 2; }
 
-  // The positions of segment s that block b touches: [first, last).
-  static std::pair<std::size_t, std::size_t> page_span(const block_type* b) noexcept {
-    const segment_type* s = b->seg;
-    return {(b->ptr - s->ptr) / s->page_size,
-            round_up(b->ptr + b->size - s->ptr, s->page_size) / s->page_size};
-  }
-
   // Miss path of the VMM policies: the same retry order as classic (PyTorch releases the whole
   // cache, unmapping free pages, before its one retry). Stitch's large requests first borrow from
   // another class (if theirs has freed blocks), and borrow any block that fits when growing fails,
   // before the out-of-memory fallback and before the cache is given up.
   block_type* vmm_allocate_new_block(pool_type& p, std::size_t size, std::size_t rounded) {
-    if (policy_ == allocator_policy::stitch) note_requested_high_water(size);
-    const bool stitch_large = policy_ == allocator_policy::stitch && !p.is_small;
-    if (stitch_large && p.has_freed) {
+    if (rules_.stitches) note_requested_high_water(size);
+    if (p.has_freed) {  // only stitch's class pools free blocks of their class
       if (block_type* b = borrow_block(p, rounded, false)) return b;
     }
     bool fraction_refused = false;
     block_type* b = vmm_alloc_block(p, size, rounded, false, fraction_refused);
-    if (b == nullptr && stitch_large) b = borrow_block(p, rounded, true);
+    if (b == nullptr) b = borrow_block(p, rounded, true);
     if (b == nullptr && oom_fallback_ && try_fallback(size, p.stream)) return nullptr;
     if (b == nullptr && may_release()) {
       release_cached_blocks();
@@ -1538,6 +1334,7 @@ class caching_allocator {
   // fits exactly or leaves at least a page (not a sliver that no large request can use); the exact
   // fit first, else the smallest. As a last resort before giving up the cache: the best fit.
   block_type* borrow_block(pool_type& p, std::size_t rounded, bool last_resort) {
+    if (!rules_.stitches || p.is_small) return nullptr;  // only stitch's class pools borrow
     for (;;) {
       block_type* b = borrow_candidate(p, rounded, last_resort);
       if (b == nullptr) return restore_set_aside(nullptr);
@@ -1591,23 +1388,16 @@ class caching_allocator {
       segment_type* fresh = nullptr;
       const std::size_t page = vmm_page_size(p);
       const std::size_t needed = round_up(rounded, page);
-      if (c != nullptr && policy_ == allocator_policy::stitch && better_in_new_range(c, rounded)) {
+      if (c != nullptr && better_in_new_range(c, rounded)) {
         fresh = create_vmm_segment(p, detail::stitch_policy::fresh_range_size(needed), page);
         if (fresh != nullptr) c = fresh->head;
       }
       if (c == nullptr) {
-        if (policy_ == allocator_policy::expandable) {
-          fresh = create_vmm_segment(p, expandable_range_size(page), page);
-        } else {
-          const std::size_t seg_size = detail::stitch_policy::range_size(
-              p.address_space, needed, granularity_, device_.total_memory());
-          fresh = create_vmm_segment(p, seg_size, page);
-          if (fresh == nullptr && seg_size > needed) fresh = create_vmm_segment(p, needed, page);
-        }
+        fresh = create_range(p, needed, page);
         if (fresh == nullptr) return nullptr;
         c = fresh->head;
       }
-      if (policy_ == allocator_policy::stitch && settled()) ++p.settled_misses;
+      if (rules_.stitches && settled()) ++p.settled_misses;
       bool ok = c->mapped || map_block(c, std::min(c->size, rounded), fraction_refused);
       while (ok && c->size < rounded) {
         block_type* next = c->next;  // unmapped: free mapped neighbours are always merged
@@ -1652,6 +1442,7 @@ class caching_allocator {
   // are not contiguous enough to serve the request) cannot be shared into the run; in a new range
   // they can.
   bool better_in_new_range(block_type* c, std::size_t rounded) {
+    if (!rules_.stitches) return false;
     const segment_type& s = *c->seg;
     std::size_t remaining = rounded;
     std::size_t pages = 0;
@@ -1700,6 +1491,18 @@ class caching_allocator {
       }
     }
     return nullptr;
+  }
+
+  // A new range for pool p whose miss needs `needed` bytes of pages of `page` bytes, or nullptr
+  // when no address space is left. Expandable: 9/8 of the device (expandable_range_size). Stitch:
+  // stitch_policy's size, or just what is needed when that much address space is refused.
+  segment_type* create_range(pool_type& p, std::size_t needed, std::size_t page) {
+    if (rules_.grows_one_range) return create_vmm_segment(p, expandable_range_size(page), page);
+    const std::size_t size = detail::stitch_policy::range_size(
+        p.address_space, needed, granularity_, device_.total_memory());
+    segment_type* s = create_vmm_segment(p, size, page);
+    if (s == nullptr && size > needed) s = create_vmm_segment(p, needed, page);
+    return s;
   }
 
   // Expandable: PyTorch reserves 9/8 of the device per range, so that one range can hold all of
@@ -1756,7 +1559,7 @@ class caching_allocator {
   }
 
   // Frees the address range of a segment with nothing mapped.
-  void destroy_vmm_segment(segment_type* s) {
+  void destroy_vmm_segment([[maybe_unused]] segment_type* s) {
     if constexpr (is_vmm_device_v<Device>) {
       pool_type& p = *s->owner;
       block_type* b = s->head;
@@ -1767,8 +1570,6 @@ class caching_allocator {
       counts_.decrease(p.is_small, counter::segment, 1);
       unlink_segment(s);
       segment_pool_.destroy(s);
-    } else {
-      (void)s;  // VMM segments exist only on VMM devices
     }
   }
 
@@ -1830,41 +1631,35 @@ class caching_allocator {
   }
 
   // The bytes of physical memory VMM segment s accounts for (segment_snapshot::reserved_size).
-  std::size_t reserved_in(const segment_type& s) const {
+  std::size_t reserved_in([[maybe_unused]] const segment_type& s) const {
     std::size_t bytes = 0;
     if constexpr (is_vmm_device_v<Device>) {
       for (std::size_t i = 0; i < s.pages.size(); ++i) {
         if (vmm_.counted_at(s, i)) bytes += s.page_size;
       }
-    } else {
-      (void)s;
     }
     return bytes;
   }
   // ----------------------------------------------------------------------
 
   // A block of a range with shared pages becomes allocated: its range holds them now.
-  void hold_pages(block_type* b) {
+  void hold_pages([[maybe_unused]] block_type* b) {
     if constexpr (is_vmm_device_v<Device>) {
-      const auto [first, last] = page_span(b);
+      const auto [first, last] = detail::page_span(b);
       vmm_.hold(*b->seg, first, last, b->owner->stream);
-    } else {
-      (void)b;
     }
   }
 
   // A block of a range with shared pages is free again: the pages that nobody holds any more are
   // usable again in their other ranges.
-  void release_held_pages(block_type* b) {
+  void release_held_pages([[maybe_unused]] block_type* b) {
     if constexpr (is_vmm_device_v<Device>) {
-      const auto [first, last] = page_span(b);
+      const auto [first, last] = detail::page_span(b);
       vmm_.release_hold(*b->seg, first, last, [&](detail::page_id id) {
         for (const auto& m : vmm_.page(id).mappings) {
           if (m.seg != b->seg) unshadow(m.seg, m.index);
         }
       });
-    } else {
-      (void)b;
     }
   }
 
@@ -1876,7 +1671,7 @@ class caching_allocator {
       segment_type* s = b->seg;
       pool_type& p = *b->owner;
       const std::size_t page = s->page_size;
-      auto [first, last] = page_span(b);
+      auto [first, last] = detail::page_span(b);
       std::size_t i = first;
       while (i < last && !vmm_.held_elsewhere(*s, i)) ++i;
       if (i == last) return false;
@@ -1960,7 +1755,7 @@ class caching_allocator {
           out.push_back(id);
         }
       };
-      if (policy_ == allocator_policy::stitch) {
+      if (rules_.stitches) {
         create(pages_to_create(*target.owner, page, count));
         if (out.size() < count) {
           std::vector<detail::page_id>& shared = shared_scratch_;
@@ -1979,7 +1774,8 @@ class caching_allocator {
   }
 
   // Releases the pages acquire_pages created (those mapped nowhere yet).
-  void release_created(std::vector<detail::page_id>& ids, std::size_t created) {
+  void release_created([[maybe_unused]] std::vector<detail::page_id>& ids,
+                       [[maybe_unused]] std::size_t created) {
     if constexpr (is_vmm_device_v<Device>) {
       for (detail::page_id id : ids) {
         if (created == 0) break;
@@ -1989,16 +1785,15 @@ class caching_allocator {
         --created;
       }
       ids.clear();
-    } else {
-      (void)ids, (void)created;
     }
   }
 
   // Stitch: up to `count` free pages that can be mapped in range `target` as well: whole pages
   // inside free blocks of any pool, used by no range, not mapped in `target` yet. The target's own
   // stream first (no wait between streams), then the largest free runs, then the lowest address.
-  void collect_free_pages(const segment_type& target, std::size_t count,
-                          std::vector<detail::page_id>& out) {
+  void collect_free_pages([[maybe_unused]] const segment_type& target,
+                          [[maybe_unused]] std::size_t count,
+                          [[maybe_unused]] std::vector<detail::page_id>& out) {
     if constexpr (is_vmm_device_v<Device>) {
       out.clear();
       struct source {
@@ -2034,8 +1829,6 @@ class caching_allocator {
         }
         if (out.size() == count) return;
       }
-    } else {
-      (void)target, (void)count, (void)out;
     }
   }
 
@@ -2057,7 +1850,7 @@ class caching_allocator {
   // PyTorch's unmap_block: unmaps the whole pages inside free block b (mapped, or shadowed: then
   // all of it), leaving mapped free blocks for the partial pages at its edges. The host waited for
   // b's stream (release_vmm_cache). Pages mapped nowhere any more are released.
-  void unmap_block(block_type* b) {
+  void unmap_block([[maybe_unused]] block_type* b) {
     if constexpr (is_vmm_device_v<Device>) {
       segment_type* s = b->seg;
       pool_type& p = *b->owner;
@@ -2067,7 +1860,7 @@ class caching_allocator {
       if (last <= first) return;
       const std::uintptr_t range_lo = s->ptr + first * page;
       const std::uintptr_t range_hi = s->ptr + last * page;
-      if (observer_) {  // before the pages go: an observer may have to deregister them
+      if (reporter_.listening()) {  // before the pages go: an observer may have to deregister them
         notify(allocator_action::segment_unmap, range_lo, range_hi - range_lo, p.stream);
       }
       vmm_.unmap(*s, first, last - first,
@@ -2084,8 +1877,6 @@ class caching_allocator {
       try_merge_blocks(b, b->prev, p);
       try_merge_blocks(b, b->next, p);
       p.unmapped.insert(b);
-    } else {
-      (void)b;
     }
   }
 
@@ -2120,7 +1911,8 @@ class caching_allocator {
         if (!is_out_of_memory(e)) throw;
         return false;
       }
-      if (observer_) notify(allocator_action::segment_map, to_map->ptr, n * page, p.stream);
+      if (reporter_.listening())
+        notify(allocator_action::segment_map, to_map->ptr, n * page, p.stream);
       add_reserved(created * page);
       counts_.increase(p.is_small, counter::reserved_bytes, as_i64(created * page));
 
@@ -2173,7 +1965,7 @@ class caching_allocator {
 
   // Destructor helper: unmaps every page and releases the address range; the pages are released
   // with their last mapping. May throw.
-  void release_vmm_segment_unchecked(segment_type* s) {
+  void release_vmm_segment_unchecked([[maybe_unused]] segment_type* s) {
     if constexpr (is_vmm_device_v<Device>) {
       for (std::size_t i = 0; i < s->pages.size();) {
         std::size_t j = i;
@@ -2182,8 +1974,6 @@ class caching_allocator {
         i = j + 1;
       }
       vmm_.free_range(*s);
-    } else {
-      (void)s;
     }
   }
 
@@ -2318,34 +2108,18 @@ class caching_allocator {
   [[noreturn]] void throw_rejection(std::size_t size, std::size_t rounded, std::size_t alloc_size) {
     ++stats_.num_oom_rejections;
     out_of_memory::details n;
-    n.requested_bytes = size;
-    n.rounded_bytes = rounded;
-    n.device_request_bytes = alloc_size;
-    n.device_total_bytes = device_total_;
-    n.allocated_bytes = static_cast<std::size_t>(counts_.current(counter::allocated_bytes));
-    n.reserved_bytes = static_cast<std::size_t>(counts_.current(counter::reserved_bytes));
-    n.largest_free_block_bytes = largest_free_block();
-    for (const auto& sp : stream_pools_) {
-      static_cast<const pools_type&>(*sp).for_each(
-          [&](const pool_type& q) { n.free_cached_bytes += q.index.bytes(); });
-    }
-    n.device = device_.index();
+    detail::describe_usage(n, {size, rounded, alloc_size}, device_total_, counts_,
+                           detail::free_cache(stream_pools_), device_.index());
     n.preemptive_rejection = true;
     n.limit_bytes = rejection_limit_;
     n.counted_reserved_bytes = limited_total();
-    observer_error_ = nullptr;
+    reporter_.clear_error();
     throw out_of_memory(oom_rejection_message(n, config_.per_process_memory_fraction.value_or(1.0)),
                         n);
   }
 
   std::size_t largest_free_block() const noexcept {
-    std::size_t largest = 0;
-    for (const auto& sp : stream_pools_) {
-      static_cast<const pools_type&>(*sp).for_each([&](const pool_type& p) {
-        if (const block_type* b = p.index.largest()) largest = std::max(largest, b->size);
-      });
-    }
-    return largest;
+    return detail::free_cache(stream_pools_).largest;
   }
 
   [[noreturn]] void throw_oom(std::size_t size, std::size_t rounded, std::size_t seg_size,
@@ -2355,22 +2129,11 @@ class caching_allocator {
     std::size_t total_bytes = 0;
     device_.memory_info(free_bytes, total_bytes);
     oom_facts f;
-    auto& n = f.numbers;
-    n.requested_bytes = size;
-    n.rounded_bytes = rounded;
-    n.device_request_bytes = seg_size;
-    n.device_total_bytes = total_bytes;
-    n.device_free_bytes = free_bytes;
-    n.allocated_bytes = static_cast<std::size_t>(counts_.current(counter::allocated_bytes));
-    n.reserved_bytes = static_cast<std::size_t>(counts_.current(counter::reserved_bytes));
-    n.largest_free_block_bytes = largest_free_block();
-    n.device = device_.index();
-    for (const auto& sp : stream_pools_) {
-      static_cast<const pools_type&>(*sp).for_each([&](const pool_type& q) {
-        n.free_cached_bytes += q.index.bytes();
-        f.free_cached_blocks += q.index.size();
-      });
-    }
+    const detail::free_cache_totals free = detail::free_cache(stream_pools_);
+    detail::describe_usage(f.numbers, {size, rounded, seg_size}, total_bytes, counts_, free,
+                           device_.index());
+    f.numbers.device_free_bytes = free_bytes;
+    f.free_cached_blocks = free.blocks;
     if (const block_type* b = p.index.largest()) f.largest_free_block_in_pool = b->size;
     f.fraction_set = fraction_set_;
     f.fraction = fraction_;
@@ -2378,275 +2141,33 @@ class caching_allocator {
     f.fraction_was_limit = fraction_refused;
     f.max_split_size = config_.max_split_size;
     f.policy = std::string(to_string(policy_));
-    if (observer_) {
+    if (reporter_.listening()) {
       report_reserved_changes();  // the out-of-memory retry may have released memory
       notify(allocator_action::oom, free_bytes, size, p.stream);
     }
-    observer_error_ = nullptr;  // the out-of-memory error is the one the caller must see
-    throw out_of_memory(oom_message(f), n);
+    reporter_.clear_error();  // the out-of-memory error is the one the caller must see
+    throw out_of_memory(oom_message(f), f.numbers);
   }
 
   // --- invariants --------------------------------------------------------------------------------
 
-  // The mapping of a VMM segment agrees with its blocks: unmapped blocks are page-aligned, hold no
-  // page, are listed in their pool's unmapped set and merged with unmapped neighbours; every page a
-  // mapped block touches is mapped.
-  void check_vmm_segment(const segment_type* s) const {
-    auto fail = [](const std::string& what) {
-      throw std::logic_error("gpumem invariant violated: " + what);
-    };
-    const std::size_t page = s->page_size;
-    if (s->stream != s->owner->stream) fail("segment's stream is not its pool's");
-    for (const block_type* b = s->head; b != nullptr; b = b->next) {
-      const std::size_t first = (b->ptr - s->ptr) / page;
-      const std::size_t last = round_up(b->ptr + b->size - s->ptr, page) / page;
-      if (!b->mapped) {
-        if ((b->ptr - s->ptr) % page != 0 || b->size % page != 0)
-          fail("unmapped block not page-aligned");
-        if (b->allocated || b->event_count > 0) fail("unmapped block in use");
-        if (s->owner->unmapped.count(const_cast<block_type*>(b)) == 0)
-          fail("unmapped block not listed");
-        if (b->next != nullptr && !b->next->mapped) fail("unmapped neighbours not merged");
-        for (std::size_t i = first; i < last; ++i) {
-          if (s->pages[i] != 0) fail(fmt::format("unmapped block {:#x} has a mapped page", b->ptr));
-        }
-      } else {
-        for (std::size_t i = first; i < last; ++i) {
-          if (s->pages[i] == 0)
-            fail(fmt::format("mapped block {:#x} has an unmapped page", b->ptr));
-        }
-        if (b->shadowed) {
-          if ((b->ptr - s->ptr) % page != 0 || b->size % page != 0)
-            fail("shadowed block not page-aligned");
-          if (b->allocated || b->event_count > 0 || b->indexed) fail("shadowed block in use");
-          if (s->owner->shadowed.count(const_cast<block_type*>(b)) == 0)
-            fail("shadowed block not listed");
-        }
-      }
-    }
-  }
-
-  // The VMM pages: vmm_pages checks itself against the blocks; their bytes are what the VMM ranges
-  // reserve; a shadowed block lies on pages another range holds, and only there (pages are
-  // unshadowed as soon as they are free).
-  void check_shared_pages(std::int64_t& all, std::int64_t& small, std::int64_t& large,
-                          std::size_t& reserved) const {
-    if constexpr (is_vmm_device_v<Device>) {
-      std::map<const segment_type*, std::vector<std::uint32_t>> users;  // per range and position
-      for (const segment_type* s = segments_; s != nullptr; s = s->next) {
-        if (s->page_size == 0) continue;
-        std::vector<std::uint32_t>& u = users[s];
-        u.assign(s->pages.size(), 0);
-        for (const block_type* b = s->head; b != nullptr; b = b->next) {
-          const auto [first, last] = page_span(b);
-          if (b->allocated || b->event_count > 0 || !b->stream_uses.empty()) {
-            for (std::size_t i = first; i < last; ++i) ++u[i];
-          }
-          if (b->shadowed) {
-            for (std::size_t i = first; i < last; ++i) {
-              if (!vmm_.held_elsewhere(*s, i)) {
-                throw std::logic_error(fmt::format(
-                    "gpumem invariant violated: shadowed block {:#x} lies on a free page", b->ptr));
-              }
-            }
-          }
-        }
-      }
-      vmm_.check(
-          [&](auto&& visit) {
-            for (const segment_type* s = segments_; s != nullptr; s = s->next) {
-              if (s->page_size != 0) visit(*s);
-            }
-          },
-          [&](const segment_type& s, std::size_t index) -> std::size_t {
-            return users.at(&s)[index];
-          });
-      small += as_i64(vmm_.small_bytes());
-      large += as_i64(vmm_.large_bytes());
-      all += as_i64(vmm_.small_bytes() + vmm_.large_bytes());
-      reserved += vmm_.small_bytes() + vmm_.large_bytes();
-    } else {
-      (void)all, (void)small, (void)large, (void)reserved;
-    }
-  }
-
-  const pools_type* lookup_pools_const(stream_type stream) const {
-    for (const auto& sp : stream_pools_) {
-      if (sp->small.stream == stream) return sp.get();
-    }
-    return nullptr;
-  }
-
-  const pool_type* class_pool_of(stream_type stream, std::size_t size) const {
-    const pools_type* sp = lookup_pools_const(stream);
-    return sp != nullptr ? sp->by_class[detail::stitch_size_class(size)] : nullptr;
-  }
-
   void check_invariants_locked() const {
-    auto fail = [](const std::string& what) {
-      throw std::logic_error("gpumem invariant violated: " + what);
-    };
-    struct recount {
-      std::int64_t allocation = 0, segment = 0, active = 0, inactive_split = 0;
-      std::int64_t allocated_bytes = 0, reserved_bytes = 0, active_bytes = 0,
-                   inactive_split_bytes = 0, requested_bytes = 0;
-    };
     // Every block with free markers is deferred (freed during the capture, not yet in a pool).
     for (const auto& entry : free_markers_) {
       if (std::find(deferred_.begin(), deferred_.end(), entry.first) == deferred_.end()) {
-        fail("a block with capture free markers is not deferred");
+        throw std::logic_error(
+            "gpumem invariant violated: a block with capture free markers is not deferred");
       }
     }
-    recount rc[num_stat_types];
-    std::int64_t oversize_allocs = 0;
-    std::int64_t oversize_segs = 0;
-    std::size_t allocated_blocks = 0;
-    std::size_t indexed_blocks = 0;
-    std::size_t reserved = 0;
-    std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ranges;
-    for (const segment_type* s = segments_; s != nullptr; s = s->next) {
-      ranges.emplace_back(s->ptr, s->ptr + s->size);
-      const bool vmm = s->page_size != 0;
-      // A VMM range's memory is its physical pages, counted once below (they may be shared).
-      const std::size_t seg_reserved = vmm ? 0 : s->size;
-      reserved += seg_reserved;
-      if (vmm) check_vmm_segment(s);
-      if (s->head == nullptr || s->head->prev != nullptr)
-        fail("segment head is not its first block");
-      std::uintptr_t expect = s->ptr;
-      const bool split = s->head->next != nullptr;
-      const std::size_t pt = s->owner->is_small ? 1 : 2;
-      for (std::size_t t : {std::size_t{0}, pt}) {
-        rc[t].segment += 1;
-        rc[t].reserved_bytes += as_i64(seg_reserved);
-      }
-      if (!vmm && s->size >= config_.max_split_size) ++oversize_segs;
-      for (const block_type* b = s->head; b != nullptr; b = b->next) {
-        if (b->ptr != expect)
-          fail(fmt::format("gap or overlap at {:#x} in segment {:#x}", b->ptr, s->ptr));
-        if (b->size == 0) fail("empty block");
-        if (b->seg != s || b->owner != s->owner) fail("block points at the wrong segment or pool");
-        if (b->next != nullptr && b->next->prev != b) fail("broken prev/next links");
-        expect += b->size;
-        const bool pending = !b->allocated && (b->event_count > 0 || !b->stream_uses.empty());
-        const bool is_free = !b->allocated && !pending && b->mapped && !b->shadowed;
-        if (b->allocated) {
-          ++allocated_blocks;
-          if (allocated_.find(b->ptr) != b) fail("allocated block missing from the pointer map");
-          if (b->indexed) fail("allocated block is in the free index");
-          if (b->size >= config_.max_split_size) ++oversize_allocs;
-          if (policy_ == allocator_policy::stitch && !b->owner->is_small &&
-              (class_pool_of(b->owner->stream, b->size) == nullptr ||
-               b->owner == &lookup_pools_const(b->owner->stream)->large)) {
-            fail(fmt::format("block {:#x} of {} B is outside the size class pools", b->ptr,
-                             b->size));
-          }
-        }
-        if (is_free) {
-          if (!b->indexed) fail(fmt::format("free block {:#x} is not indexed", b->ptr));
-          ++indexed_blocks;
-          if (b->next != nullptr && !b->next->allocated && b->next->event_count == 0 &&
-              b->next->stream_uses.empty() && b->next->mapped && !b->next->shadowed) {
-            fail(fmt::format("free neighbours {:#x} and {:#x} were not merged", b->ptr,
-                             b->next->ptr));
-          }
-        } else if (b->indexed) {
-          fail("busy or unmapped block is in the free index");
-        }
-        // Unmapped and shadowed blocks hold nothing of their own; check_vmm_segment checks them.
-        if (!b->mapped || b->shadowed) continue;
-        for (std::size_t t : {std::size_t{0}, pt}) {
-          if (b->allocated) {
-            rc[t].allocation += 1;
-            rc[t].allocated_bytes += as_i64(b->size);
-          }
-          if (!is_free) {
-            rc[t].active += 1;
-            rc[t].active_bytes += as_i64(b->size);
-            rc[t].requested_bytes += as_i64(b->requested_size);
-          } else if (split && !vmm) {
-            rc[t].inactive_split += 1;
-            rc[t].inactive_split_bytes += as_i64(b->size);
-          }
-        }
-      }
-      if (expect != s->ptr + s->size) fail(fmt::format("blocks do not tile segment {:#x}", s->ptr));
-    }
-    std::sort(ranges.begin(), ranges.end());
-    for (std::size_t i = 1; i < ranges.size(); ++i) {
-      if (ranges[i].first < ranges[i - 1].second) fail("segments overlap");
-    }
-    if (allocated_blocks != allocated_.size())
-      fail("pointer map holds blocks that are not allocated");
-    std::size_t index_total = 0;
-    std::size_t unmapped_listed = 0;
-    for (const auto& sp : stream_pools_) {
-      static_cast<const pools_type&>(*sp).for_each([&](const pool_type& p) {
-        index_total += p.index.size();
-        p.index.for_each([&](const block_type* b) {
-          if (b->owner != &p) fail("block indexed in a foreign pool");
-        });
-        unmapped_listed += p.unmapped.size();
-        std::size_t address_space = 0;
-        for (const segment_type* s = segments_; s != nullptr; s = s->next) {
-          if (s->owner == &p && s->page_size != 0) address_space += s->size;
-        }
-        if (address_space != p.address_space) fail("pool's address space total is wrong");
-      });
-      if (policy_ == allocator_policy::stitch &&
-          (!sp->large.index.empty() || sp->large.address_space != 0))
-        fail("stitch serves large requests from the class pools only");
-      for (std::size_t c = 0; c < sp->by_class.size(); ++c) {
-        const pool_type* p = sp->by_class[c];
-        if (p != nullptr && (p->is_small || p->stream != sp->small.stream))
-          fail("class pool of the wrong kind or stream");
-      }
-      for (std::size_t i = 0; i < sp->classes.size(); ++i) {
-        const pool_type& p = *sp->classes[i];
-        if (p.free_bound != &sp->free_bound[i]) fail("class pool points at another's free bound");
-        const block_type* largest = p.index.largest();
-        if (largest != nullptr && largest->size > sp->free_bound[i])
-          fail(fmt::format("class pool's free bound {} is below its largest free block ({} B)",
-                           sp->free_bound[i], largest->size));
-      }
-    }
-    if (index_total != indexed_blocks) fail("free index holds blocks that are not free");
-    std::size_t unmapped_blocks = 0;
-    for (const segment_type* s = segments_; s != nullptr; s = s->next) {
-      for (const block_type* b = s->head; b != nullptr; b = b->next)
-        unmapped_blocks += b->mapped ? 0 : 1;
-    }
-    if (unmapped_listed != unmapped_blocks) fail("unmapped sets hold blocks that are not unmapped");
-    check_shared_pages(rc[0].reserved_bytes, rc[1].reserved_bytes, rc[2].reserved_bytes, reserved);
-    if (reserved != reserved_total_) fail("reserved total disagrees with the segments");
-    auto check = [&](const stat_array& a, std::int64_t recount::*field, const char* name) {
-      for (std::size_t t = 0; t < num_stat_types; ++t) {
-        if (a[t].current != rc[t].*field) {
-          fail(fmt::format("stat {}[{}] is {} but the blocks say {}", name, t, a[t].current,
-                           rc[t].*field));
-        }
-        if (a[t].current > a[t].peak) {
-          fail(fmt::format("stat {}[{}] is above its peak", name, t));
-        }
-      }
-    };
-    check(counts_.get(counter::allocation), &recount::allocation, "allocation");
-    check(counts_.get(counter::segment), &recount::segment, "segment");
-    check(counts_.get(counter::active), &recount::active, "active");
-    check(counts_.get(counter::inactive_split), &recount::inactive_split, "inactive_split");
-    check(counts_.get(counter::allocated_bytes), &recount::allocated_bytes, "allocated_bytes");
-    check(counts_.get(counter::reserved_bytes), &recount::reserved_bytes, "reserved_bytes");
-    check(counts_.get(counter::active_bytes), &recount::active_bytes, "active_bytes");
-    check(counts_.get(counter::inactive_split_bytes), &recount::inactive_split_bytes,
-          "inactive_split_bytes");
-    check(counts_.get(counter::requested_bytes), &recount::requested_bytes, "requested_bytes");
-    if (stats_.oversize_allocations.current != oversize_allocs) fail("oversize_allocations");
-    if (stats_.oversize_segments.current != oversize_segs) fail("oversize_segments");
+    detail::allocator_invariants<Device>::check(
+        detail::allocator_state<Device>{segments_, stream_pools_, allocated_, counts_, stats_, vmm_,
+                                        reserved_total_, config_.max_split_size, rules_.stitches});
   }
 
   Device& device_;
   allocator_config config_;
   allocator_policy policy_ = allocator_policy::classic;
+  detail::policy_rules rules_;  // what policy_ does differently (core/detail/policy_rules.hpp)
   mutable detail::spin_mutex mutex_;
 
   std::vector<std::unique_ptr<pools_type>> stream_pools_;
@@ -2683,18 +2204,13 @@ class caching_allocator {
   std::int64_t peak_seen_ = -1;
   std::int64_t allocated_at_peak_ = 0;
   // The VMM policies' pages and ranges (nothing on devices without virtual memory management).
-  std::conditional_t<is_vmm_device_v<Device>, detail::vmm_pages<Device>,
-                     detail::no_vmm_pages<Device>>
-      vmm_;
-  std::vector<detail::page_id> page_scratch_;    // map_block's list of pages
-  std::vector<detail::page_id> shared_scratch_;  // acquire_pages' list of free pages to share
-  detail::stitch_policy stitch_;                 // stitch's thresholds and what it has seen
-  event_observer observer_;                      // set_event_observer; empty: nobody listens
-  bool reserved_events_ = false;                 // set_reserved_events, under stitch
-  std::vector<reserved_range<stream_type>> reserved_reported_;  // report_reserved_changes
-  out_of_memory_fallback oom_fallback_;                         // set_out_of_memory_fallback
-  void* fallback_ptr_ = nullptr;               // what oom_fallback_ gave the current miss
-  mutable std::exception_ptr observer_error_;  // the first exception an observer threw (notify)
+  detail::pages_for<Device> vmm_;
+  std::vector<detail::page_id> page_scratch_;     // map_block's list of pages
+  std::vector<detail::page_id> shared_scratch_;   // acquire_pages' list of free pages to share
+  detail::stitch_policy stitch_;                  // stitch's thresholds and what it has seen
+  detail::event_reporter<stream_type> reporter_;  // the observer, its error, the reserved view
+  out_of_memory_fallback oom_fallback_;           // set_out_of_memory_fallback
+  void* fallback_ptr_ = nullptr;                  // what oom_fallback_ gave the current miss
 };
 
 }  // namespace gpumem

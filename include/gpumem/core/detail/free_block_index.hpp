@@ -11,6 +11,8 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 #include "gpumem/core/detail/block.hpp"
 #include "gpumem/detail/bits.hpp"
@@ -106,6 +108,41 @@ class free_block_index {
   void for_each(F&& f) const {
     for (std::size_t c = next_class(0); c < k_num_classes; c = next_class(c + 1)) {
       in_order(roots_[c], f);
+    }
+  }
+
+  /// Checks the index's own structure: the summary bitmap agrees with the class bitmap, each
+  /// marked class holds blocks, each block is marked indexed in the class its size gives, in
+  /// (size, address) order within its treap and below its parent's priority. O(blocks + words);
+  /// throws std::logic_error. (A treap whose bit is clear is unreachable: its blocks are marked
+  /// indexed but missing from size(), which the allocator's checker compares with its blocks.)
+  void check() const {
+    auto fail = [](const std::string& what) {
+      throw std::logic_error("gpumem invariant violated: free index: " + what);
+    };
+    for (std::size_t w = 0; w < k_num_words; ++w) {
+      if ((words_[w] != 0) != ((summary_[w / 64] >> (w % 64) & 1u) != 0)) {
+        fail("the summary bitmap disagrees with a word");
+      }
+    }
+    for (std::size_t c = next_class(0); c < k_num_classes; c = next_class(c + 1)) {
+      if (roots_[c] == nullptr) fail("a marked class holds no block");
+      const block_type* previous = nullptr;
+      auto visit = [&](const block_type* b) {
+        if (!b->indexed || b->size_class != c || class_of(b->size) != c) {
+          fail("a block is not marked indexed in the class of its size");
+        }
+        if (previous != nullptr && !less(previous, b)) {
+          fail("a treap is out of (size, address) order");
+        }
+        for (const block_type* child : {b->left, b->right}) {
+          if (child != nullptr && child->priority > b->priority) {
+            fail("a treap's heap order is broken");
+          }
+        }
+        previous = b;
+      };
+      in_order(roots_[c], visit);
     }
   }
 

@@ -9,6 +9,9 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
+
+#include <fmt/format.h>
 
 #include "gpumem/detail/bits.hpp"
 #include "gpumem/stats.hpp"
@@ -28,6 +31,15 @@ enum class counter : unsigned {
   requested_bytes,
 };
 inline constexpr std::size_t num_counters = 9;
+
+/// The counter's name in device_stats (and in the invariant checker's messages).
+constexpr const char* counter_name(counter c) noexcept {
+  constexpr const char* names[num_counters] = {
+      "allocation",      "segment",        "active",       "inactive_split",
+      "allocated_bytes", "reserved_bytes", "active_bytes", "inactive_split_bytes",
+      "requested_bytes"};
+  return names[static_cast<std::size_t>(c)];
+}
 
 class pool_counters {
  public:
@@ -84,6 +96,29 @@ class pool_counters {
   void reset_accumulated() noexcept {
     for (auto& pool : pools_) {
       for (stat& s : pool) s.reset_accumulated();
+    }
+  }
+
+  /// What the blocks say each counter should be: [counter][all, small pool, large pool].
+  using recount = std::array<std::array<std::int64_t, num_stat_types>, num_counters>;
+
+  /// Every counter equals `expected` and is at most its peak. Throws std::logic_error naming the
+  /// first that is not.
+  void check(const recount& expected) const {
+    for (std::size_t i = 0; i < num_counters; ++i) {
+      const auto c = static_cast<counter>(i);
+      const stat_array a = get(c);
+      for (std::size_t t = 0; t < num_stat_types; ++t) {
+        if (a[t].current != expected[i][t]) {
+          throw std::logic_error(
+              fmt::format("gpumem invariant violated: stat {}[{}] is {} but the blocks say {}",
+                          counter_name(c), t, a[t].current, expected[i][t]));
+        }
+        if (a[t].current > a[t].peak) {
+          throw std::logic_error(fmt::format(
+              "gpumem invariant violated: stat {}[{}] is above its peak", counter_name(c), t));
+        }
+      }
     }
   }
 

@@ -26,6 +26,8 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -58,6 +60,14 @@ struct physical_page {
   std::uint32_t holds = 0;            // allocated or pending blocks of `holder` touching it
   Stream last_stream{};               // the stream that used it last
 };
+
+/// The positions of VMM segment b->seg that block b touches: [first, last).
+template <class Stream>
+std::pair<std::size_t, std::size_t> page_span(const block<Stream>* b) noexcept {
+  const segment<Stream>* s = b->seg;
+  const std::size_t page = s->page_size;
+  return {(b->ptr - s->ptr) / page, (b->ptr + b->size - s->ptr + page - 1) / page};
+}
 
 template <class Device>
 class vmm_pages {
@@ -395,5 +405,16 @@ class vmm_pages {
   std::vector<stream_type> waits_;  // hold()'s scratch list
   std::vector<int> peers_;          // devices granted access besides the owner (add_peer)
 };
+
+// What a device without virtual memory management has of vmm_pages: nothing.
+template <class Device>
+struct no_vmm_pages {
+  explicit no_vmm_pages(Device&) noexcept {}
+};
+
+/// The page mechanics of a caching allocator over `Device`.
+template <class Device>
+using pages_for =
+    std::conditional_t<is_vmm_device_v<Device>, vmm_pages<Device>, no_vmm_pages<Device>>;
 
 }  // namespace gpumem::detail
