@@ -757,7 +757,10 @@ inline constexpr std::array<config_key, 23> config_keys{{
      no_limits,
      {"`False`", "`True`, `False`", "One growable virtual range per stream and pool",
       "Selects `policy:expandable` when `policy` is `auto`. No effect when `policy` is `classic` "
-      "or `stitch` (note)."},
+      "or `stitch` (note). Set at run time with `torch.cuda.memory._set_allocator_settings` "
+      "(LibTorch adapter, torch 2.11 and newer): `False` gives PyTorch's default pool `cudaMalloc` "
+      "segments under expandable and stitch, `True` returns to the configured policy (README.md, "
+      "\"cudaMalloc memory at run time\")."},
      flag_handlers<&allocator_config::expandable_segments>()},
     {"release_lock_on_cudamalloc",
      "release_lock_on_hipmalloc",
