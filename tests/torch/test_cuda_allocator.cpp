@@ -1390,6 +1390,10 @@ bool pytorch_ipc_mode() {
 
 TEST(PyTorchsAllocator, WritesTheExpandableSegmentLayoutGpumemReads) {
   if (!pytorch_ipc_mode()) GTEST_SKIP() << "runs with GPUMEM_TORCH_TEST_MODE=pytorch_ipc";
+#if GPUMEM_TORCH_AT_LEAST(2, 13)
+  GTEST_SKIP() << "torch 2.13 and newer share expandable segments in a version-3 layout, which "
+                  "gpumem neither writes nor reads (README.md, CUDA IPC)";
+#endif
   ASSERT_EQ(gpumem::torch::installed(), nullptr);
   c10_alloc::init(1);
   ASSERT_NE(c10_alloc::name(), "gpumem");
@@ -1417,6 +1421,10 @@ TEST(PyTorchsAllocator, WritesTheExpandableSegmentLayoutGpumemReads) {
 
 TEST(PyTorchsAllocator, OpensAnExpandableSegmentHandleLaidOutAsGpumemWritesIt) {
   if (!pytorch_ipc_mode()) GTEST_SKIP() << "runs with GPUMEM_TORCH_TEST_MODE=pytorch_ipc";
+#if GPUMEM_TORCH_AT_LEAST(2, 13)
+  GTEST_SKIP() << "torch 2.13 and newer share expandable segments in a version-3 layout, which "
+                  "gpumem neither writes nor reads (README.md, CUDA IPC)";
+#endif
   c10_alloc::init(1);
   // Three 2 MiB pages, as stitch shares a block on part of a range.
   gpumem::cuda_vmm_device producer(0);
