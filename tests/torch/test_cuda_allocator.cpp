@@ -1206,6 +1206,26 @@ vmm_handle parse_vmm_handle(const std::string& h) {
   return out;
 }
 
+// `count` physical pages of `page` bytes made and exported as PyTorch's ExpandableSegment makes
+// them: a POSIX file descriptor each. release() closes the descriptors and frees the pages.
+struct exported_pages {
+  exported_pages(std::size_t page, int count) {
+    for (int i = 0; i < count; ++i) {
+      pages.push_back(producer.create_physical(page));
+      fds.push_back(producer.export_handle(pages.back()));
+    }
+  }
+  void release() {
+    for (std::size_t i = 0; i < pages.size(); ++i) {
+      ::close(fds[i]);
+      producer.release_physical(pages[i]);
+    }
+  }
+  gpumem::cuda_vmm_device producer{0};
+  std::vector<gpumem::cuda_vmm_device::physical_handle> pages;
+  std::vector<int> fds;
+};
+
 std::string make_vmm_handle(int version, std::int32_t pid, std::uint64_t page_size,
                             const std::vector<int>& fds, std::size_t bytes_per_handle = 4) {
   std::string h;
@@ -1293,14 +1313,9 @@ TEST_F(Installed, VmmMemoryIsSharedAsPyTorchsExpandableSegmentHandles) {
 
 TEST_F(Installed, AnExpandableSegmentHandleAsPyTorchWritesItOpens) {
   // Pages made and exported as PyTorch's ExpandableSegment does, in PyTorch's layout.
-  gpumem::cuda_vmm_device producer(0);
   const std::size_t page = 2 * MiB;
-  std::vector<gpumem::cuda_vmm_device::physical_handle> pages;
-  std::vector<int> fds;
-  for (int i = 0; i < 3; ++i) {
-    pages.push_back(producer.create_physical(page));
-    fds.push_back(producer.export_handle(pages.back()));
-  }
+  exported_pages exported(page, 3);
+  const std::vector<int>& fds = exported.fds;
   const gpumemSimCounters before = sim();
   {
     std::shared_ptr<void> opened =
@@ -1311,10 +1326,7 @@ TEST_F(Installed, AnExpandableSegmentHandleAsPyTorchWritesItOpens) {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
   EXPECT_EQ(sim().live_mappings, before.live_mappings);
-  for (std::size_t i = 0; i < pages.size(); ++i) {
-    ::close(fds[i]);
-    producer.release_physical(pages[i]);
-  }
+  exported.release();
   EXPECT_EQ(sim().live_physical, before.live_physical - 3);
 }
 
@@ -1427,14 +1439,9 @@ TEST(PyTorchsAllocator, OpensAnExpandableSegmentHandleLaidOutAsGpumemWritesIt) {
 #endif
   c10_alloc::init(1);
   // Three 2 MiB pages, as stitch shares a block on part of a range.
-  gpumem::cuda_vmm_device producer(0);
   const std::size_t page = 2 * MiB;
-  std::vector<gpumem::cuda_vmm_device::physical_handle> pages;
-  std::vector<int> fds;
-  for (int i = 0; i < 3; ++i) {
-    pages.push_back(producer.create_physical(page));
-    fds.push_back(producer.export_handle(pages.back()));
-  }
+  exported_pages exported(page, 3);
+  const std::vector<int>& fds = exported.fds;
   const gpumemSimCounters before = sim();
   {
     std::shared_ptr<void> opened =
@@ -1446,10 +1453,7 @@ TEST(PyTorchsAllocator, OpensAnExpandableSegmentHandleLaidOutAsGpumemWritesIt) {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
   EXPECT_EQ(sim().live_mappings, before.live_mappings);
-  for (std::size_t i = 0; i < pages.size(); ++i) {
-    ::close(fds[i]);
-    producer.release_physical(pages[i]);
-  }
+  exported.release();
 }
 
 TEST_F(Installed, MemorySummaryIsPyTorchsTableWithGpumemsSection) {

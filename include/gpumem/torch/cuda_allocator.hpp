@@ -1222,13 +1222,19 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
                                                         cuda_vmm_device* device) {
     auto a = make_allocator(s, id, config, device);
     a->set_memory_fixed(true);
-    a->share_memory_limit_with(*s.main);
-    const double fraction = s.main->memory_fraction();
-    if (fraction < 1.0) a->set_memory_fraction(fraction);
-    for (int peer : s.peers) a->add_peer_access(peer);
-    if (!s.active.empty()) a->set_capture_record_stream_reuse(capture_record_stream_reuse());
-    for (std::size_t i = 0; i < s.active.size(); ++i) a->begin_capture();
+    join_device(s, *a);
     return a;
+  }
+
+  // What every allocator of a GPU besides its default pool's shares with it: the memory limit and
+  // fraction, the peers given access, and the captures under way. Call with s.pools_mutex held.
+  void join_device(detail::device_state& s, device_allocator& a) const {
+    a.share_memory_limit_with(*s.main);
+    const double fraction = s.main->memory_fraction();
+    if (fraction < 1.0) a.set_memory_fraction(fraction);
+    for (int peer : s.peers) a.add_peer_access(peer);
+    if (!s.active.empty()) a.set_capture_record_stream_reuse(capture_record_stream_reuse());
+    for (std::size_t i = 0; i < s.active.size(); ++i) a.begin_capture();
   }
 
   // graph_capture_record_stream_reuse: gpumem's setting, or PyTorch's as set at run time.
@@ -1462,12 +1468,7 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     allocator_config classic = s.config;
     classic.policy = allocator_policy::classic;
     auto a = make_allocator(s, {0, 0}, classic);
-    a->share_memory_limit_with(*s.main);
-    const double fraction = s.main->memory_fraction();
-    if (fraction < 1.0) a->set_memory_fraction(fraction);
-    for (int peer : s.peers) a->add_peer_access(peer);
-    if (!s.active.empty()) a->set_capture_record_stream_reuse(capture_record_stream_reuse());
-    for (std::size_t i = 0; i < s.active.size(); ++i) a->begin_capture();
+    join_device(s, *a);
     s.legacy_owner = std::move(a);
     s.legacy.store(s.legacy_owner.get(), std::memory_order_release);
     return *s.legacy_owner;
