@@ -1,6 +1,7 @@
 // One test per rule of the classic policy (PyTorch's native CUDACachingAllocator semantics).
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -300,6 +301,108 @@ TEST_F(ClassicPolicy, GcOnlyWithAMemoryFraction) {
   EXPECT_EQ(a.stats().num_device_free, 0);
   a.deallocate(pb);
   a.deallocate(big);
+}
+
+// --- settings changed at run time (set_run_time_settings) -------------------------------------
+
+// Reserved, allocated and split-block counts after each step of a sequence that rounds, splits,
+// refuses oversize blocks and takes them whole.
+std::vector<std::int64_t> decisions(allocator& a) {
+  std::vector<std::int64_t> out;
+  auto note = [&] {
+    const auto s = a.stats();
+    out.insert(out.end(), {s.reserved_bytes[0].current, s.allocated_bytes[0].current,
+                           s.inactive_split[0].current, s.num_device_alloc});
+  };
+  std::vector<void*> live;
+  for (std::size_t size : {84 * MiB, 50 * MiB, 1200 * std::size_t{1}, 100 * MiB + 1}) {
+    live.push_back(a.allocate(size));
+    note();
+  }
+  a.deallocate(live[1]);  // a cached 50 MiB block
+  for (std::size_t size : {30 * MiB, 45 * MiB, 5 * MiB + 1}) {
+    live.push_back(a.allocate(size));
+    note();
+  }
+  for (std::size_t i = 0; i < live.size(); ++i) {
+    if (i != 1) a.deallocate(live[i]);
+  }
+  live.assign({a.allocate(61 * MiB), a.allocate(300 * MiB + 1)});
+  note();
+  for (void* p : live) a.deallocate(p);
+  a.check_invariants();
+  return out;
+}
+
+TEST(RunTimeSettings, DecisionsAfterAChangeAreThoseOfTheConfigGivenAtConstruction) {
+  const std::pair<std::string, std::string> changes[] = {
+      {"", "roundup_power2_divisions:4"},
+      {"roundup_power2_divisions:4", ""},
+      {"", "roundup_power2_divisions:[64:8,128:2,256:2,512:2,1024:1,>:1]"},
+      {"", "max_split_size_mb:40"},
+      {"max_split_size_mb:40", ""},
+      {"max_split_size_mb:40", "max_split_size_mb:40,max_non_split_rounding_mb:50"},
+      {"", "large_segment_size_mb:40,max_split_size_mb:60"},
+  };
+  for (const auto& [before, after] : changes) {
+    SCOPED_TRACE(before + " -> " + after);
+    simulated_device dev1{device_options(8 * GiB)}, dev2{device_options(8 * GiB)},
+        dev3{device_options(8 * GiB)};
+    allocator changed(dev1, config(before));
+    changed.set_run_time_settings(config(after));
+    allocator constructed(dev2, config(after));
+    allocator unchanged(dev3, config(before));
+    const auto expected = decisions(constructed);
+    EXPECT_EQ(decisions(changed), expected);
+    EXPECT_NE(decisions(unchanged), expected);  // the change matters to the sequence
+  }
+}
+
+TEST(RunTimeSettings, CachedBlocksStayAndAreJudgedByTheNewValues) {
+  simulated_device dev{device_options(8 * GiB)};
+  allocator a(dev, config("max_split_size_mb:40"));
+  void* big = a.allocate(50 * MiB);
+  a.deallocate(big);
+  void* p = a.allocate(30 * MiB);  // below max_split_size: the cached oversize block is refused
+  EXPECT_NE(p, big);
+  a.deallocate(p);
+  a.set_run_time_settings(config(""));
+  EXPECT_EQ(reserved(a), static_cast<std::int64_t>(80 * MiB));  // nothing was released
+  void* q = a.allocate(45 * MiB);  // no longer oversize: the 50 MiB block splits
+  EXPECT_EQ(q, big);
+  EXPECT_EQ(a.stats().inactive_split[0].current, 1);
+  // As PyTorch's memory_stats: max_split_size is the value the allocator was made with.
+  EXPECT_EQ(a.stats().max_split_size, static_cast<std::int64_t>(40 * MiB));
+  a.deallocate(q);
+  a.check_invariants();
+}
+
+TEST(RunTimeSettings, GarbageCollectionThresholdActsFromTheNextMiss) {
+  for (const bool set : {false, true}) {
+    SCOPED_TRACE(set);
+    simulated_device small{device_options(1000 * MiB)};
+    allocator a(small, config());
+    a.set_memory_fraction(0.999);
+    void* pa = a.allocate(300 * MiB);
+    void* pb = a.allocate(300 * MiB);
+    a.deallocate(pa);
+    if (set) a.set_run_time_settings(config("garbage_collection_threshold:0.5"));
+    void* big = a.allocate(350 * MiB);  // 600 MiB reserved > 500 MiB: collected when set
+    EXPECT_EQ(a.stats().num_device_free, set ? 1 : 0);
+    a.deallocate(pb);
+    a.deallocate(big);
+  }
+}
+
+TEST(RunTimeSettings, OutOfRangeValuesAreRefusedAndChangeNothing) {
+  simulated_device dev{device_options(8 * GiB)};
+  allocator a(dev, config("roundup_power2_divisions:4"));
+  gpumem::allocator_config bad = config();
+  bad.max_split_size = 2 * MiB;  // below large_segment_size
+  EXPECT_THROW(a.set_run_time_settings(bad), gpumem::config_error);
+  void* p = a.allocate(84 * MiB);
+  EXPECT_EQ(allocated(a), static_cast<std::int64_t>(96 * MiB));  // still 4 divisions
+  a.deallocate(p);
 }
 
 // --- retry order on device out-of-memory --------------------------------------------------------

@@ -196,6 +196,7 @@ class caching_allocator {
       if (rules_.maps_pages) granularity_ = device_.granularity();
     }
     stats_.max_split_size = static_cast<std::int64_t>(config_.max_split_size);
+    large_page_size_ = config_.large_segment_size;
     capture_reuse_ = config_.graph_capture_record_stream_reuse;
     if (config_.has_memory_cap()) set_memory_fraction(*config_.per_process_memory_fraction);
     // PyTorch's limit for throw_on_cudamalloc_oom: the configured fraction (not a later
@@ -419,6 +420,31 @@ class caching_allocator {
   void set_capture_record_stream_reuse(bool reuse) {
     std::lock_guard<detail::spin_mutex> lock(mutex_);
     capture_reuse_ = reuse;
+  }
+
+  /// Applies the sizing settings PyTorch lets a program change while it runs
+  /// (torch.cuda.memory._set_allocator_settings) from `settings`: max_split_size,
+  /// max_non_split_rounding, roundup_power2_divisions, garbage_collection_threshold, and
+  /// large_segment_size for the size of new cudaMalloc segments (a VMM policy keeps the page size
+  /// it started with: its ranges are laid out in it). Every other key keeps its value from
+  /// construction. As in PyTorch's allocator, each setting acts from the next request that
+  /// consults it: blocks already cached stay cached and are judged by the new values when they
+  /// are next looked up, and stats().max_split_size keeps the value at construction (PyTorch
+  /// sets it when its device allocator is made). The oversize counters, as PyTorch's, count each
+  /// allocation, free, segment and release against the max_split_size of that moment. Throws
+  /// config_error (allocator_config::validate) and leaves the allocator unchanged when the values
+  /// are out of range.
+  void set_run_time_settings(const allocator_config& settings) {
+    std::lock_guard<detail::spin_mutex> lock(mutex_);
+    allocator_config next = config_;
+    next.max_split_size = settings.max_split_size;
+    next.max_non_split_rounding = settings.max_non_split_rounding;
+    next.large_segment_size = settings.large_segment_size;
+    next.roundup_power2_divisions = settings.roundup_power2_divisions;
+    next.garbage_collection_threshold = settings.garbage_collection_threshold;
+    next.validate();
+    max_split_changed_ = max_split_changed_ || next.max_split_size != config_.max_split_size;
+    config_ = std::move(next);
   }
 
   /// Whether a capture is under way (begin_capture without its end_capture).
@@ -737,6 +763,8 @@ class caching_allocator {
     return b->requested_size;
   }
 
+  /// The configuration (with set_run_time_settings' values). Not synchronised with
+  /// set_run_time_settings: read it while no other thread changes the settings.
   const allocator_config& config() const noexcept { return config_; }
   allocator_policy policy() const noexcept { return policy_; }
   Device& device() noexcept { return device_; }
@@ -1281,7 +1309,7 @@ class caching_allocator {
 
   std::size_t vmm_page_size(const pool_type& p) const noexcept {
     if (rules_.grows_one_range && !p.is_small) {
-      return round_up(config_.large_segment_size, granularity_);
+      return round_up(large_page_size_, granularity_);
     }
     return rules_.grows_one_range ? round_up(detail::k_small_buffer, granularity_) : granularity_;
   }
@@ -2159,9 +2187,9 @@ class caching_allocator {
             "gpumem invariant violated: a block with capture free markers is not deferred");
       }
     }
-    detail::allocator_invariants<Device>::check(
-        detail::allocator_state<Device>{segments_, stream_pools_, allocated_, counts_, stats_, vmm_,
-                                        reserved_total_, config_.max_split_size, rules_.stitches});
+    detail::allocator_invariants<Device>::check(detail::allocator_state<Device>{
+        segments_, stream_pools_, allocated_, counts_, stats_, vmm_, reserved_total_,
+        config_.max_split_size, rules_.stitches, !max_split_changed_});
   }
 
   Device& device_;
@@ -2201,6 +2229,8 @@ class caching_allocator {
   std::size_t rejection_limit_ = 0;  // throw_on_cudamalloc_oom's limit (rejects_preemptively)
   std::size_t device_total_ = 0;     // the device's memory, read once
   std::size_t granularity_ = 0;      // VMM page size (VMM policies only)
+  std::size_t large_page_size_ = 0;  // large_segment_size at construction (vmm_page_size)
+  bool max_split_changed_ = false;   // by set_run_time_settings (check_invariants)
   std::int64_t peak_seen_ = -1;
   std::int64_t allocated_at_peak_ = 0;
   // The VMM policies' pages and ranges (nothing on devices without virtual memory management).

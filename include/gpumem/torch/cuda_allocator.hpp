@@ -290,8 +290,51 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   cuda_allocator(const cuda_allocator&) = delete;
   cuda_allocator& operator=(const cuda_allocator&) = delete;
 
-  /// The configuration asked for (each GPU runs it, or classic where the GPU has no VMM).
+  /// The configuration asked for at install (each GPU runs it, or classic where the GPU has no
+  /// VMM); run_time_settings() has what set_run_time_settings changed since.
   const allocator_config& config() const noexcept { return config_; }
+
+  /// config() with the values set_run_time_settings applied. Thread-safe.
+  allocator_config run_time_settings() {
+    std::lock_guard<std::mutex> lock(settings_mutex_);
+    return run_time_config_;
+  }
+
+  /// The settings PyTorch lets a program change while it runs: max_split_size,
+  /// max_non_split_rounding, large_segment_size (new cudaMalloc segments' size),
+  /// roundup_power2_divisions and garbage_collection_threshold of `settings` go to every
+  /// allocator of every GPU, private pools and legacy segments included, and act from their next
+  /// request (caching_allocator::set_run_time_settings: cached blocks stay, statistics'
+  /// max_split_size keeps the value the GPU started with); per_process_memory_fraction, as in
+  /// PyTorch, only caps GPUs first used afterwards. The other keys keep their values. From torch
+  /// 2.11, torch.cuda.memory._set_allocator_settings calls it (follow_allocator_settings) with
+  /// PyTorch's values after its parse. Throws gpumem's config_error, changing nothing, for values
+  /// out of range. Thread-safe.
+  void set_run_time_settings(const allocator_config& settings) {
+    std::lock_guard<std::mutex> settings_lock(settings_mutex_);
+    allocator_config next = run_time_config_;
+    next.max_split_size = settings.max_split_size;
+    next.max_non_split_rounding = settings.max_non_split_rounding;
+    next.large_segment_size = settings.large_segment_size;
+    next.roundup_power2_divisions = settings.roundup_power2_divisions;
+    next.garbage_collection_threshold = settings.garbage_collection_threshold;
+    next.per_process_memory_fraction = settings.per_process_memory_fraction;
+    next.validate();
+    for (const auto& s : devices_) {
+      if (!s->main) continue;  // made under settings_mutex_ (state) from run_time_config_
+      std::lock_guard<std::mutex> lock(s->pools_mutex);
+      s->main->set_run_time_settings(next);
+      if (device_allocator* legacy = legacy_of(*s)) legacy->set_run_time_settings(next);
+      for (auto& p : s->pools) p->allocator->set_run_time_settings(next);
+      // The allocators made later (pools, legacy segments) start from the GPU's config.
+      s->config.max_split_size = next.max_split_size;
+      s->config.max_non_split_rounding = next.max_non_split_rounding;
+      s->config.large_segment_size = next.large_segment_size;
+      s->config.roundup_power2_divisions = next.roundup_power2_divisions;
+      s->config.garbage_collection_threshold = next.garbage_collection_threshold;
+    }
+    run_time_config_ = std::move(next);
+  }
 
   /// gpumem's allocator of PyTorch's default pool on `device` (creating it if needed): its
   /// stats(), snapshot() and memory_summary() are gpumem's own views. Throws c10::Error for a
@@ -395,7 +438,8 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
     detail::device_state& s = state(device);
     c10::CachingDeviceAllocator::DeviceStats out;
-    add_stats(out, s.main->stats());
+    const device_stats main_stats = s.main->stats();
+    add_stats(out, main_stats);
     if (device_allocator* legacy = legacy_of(s)) add_stats(out, legacy->stats());
     std::lock_guard<std::mutex> lock(s.pools_mutex);
     for (const auto& p : s.pools) {
@@ -405,7 +449,7 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
       detail::copy_stats(pool_stats.reserved_bytes, out.reserved_bytes_by_private_pools[p->id]);
 #endif
     }
-    out.max_split_size = static_cast<int64_t>(s.config.max_split_size);
+    out.max_split_size = main_stats.max_split_size;  // the GPU's first value, as PyTorch's
     return out;
   }
 
@@ -1091,7 +1135,8 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     return local;
   }
 
-  explicit cuda_allocator(allocator_config config) : config_(std::move(config)) {
+  explicit cuda_allocator(allocator_config config)
+      : config_(std::move(config)), run_time_config_(config_) {
     trace_wanted_.store(oom_snapshot_on(), std::memory_order_release);
   }
 
@@ -1110,7 +1155,8 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
                 " CUDA device(s))");
     detail::device_state& s = *devices_[static_cast<std::size_t>(device)];
     std::call_once(s.created, [&] {
-      s.config = config_;
+      std::lock_guard<std::mutex> settings_lock(settings_mutex_);  // set_run_time_settings
+      s.config = run_time_config_;
       if (s.config.effective_policy(true) != allocator_policy::classic &&
           !cuda_vmm_device::supported(device)) {
         s.config.policy = allocator_policy::classic;  // as PyTorch falls back from expandable
@@ -1899,8 +1945,9 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
       }
     }
     auto& c = out.config_metadata;
-    c.garbage_collection_threshold = config_.garbage_collection_threshold;
-    c.max_split_size = config_.max_split_size;
+    const allocator_config now = run_time_settings();  // what PyTorch's snapshot reports
+    c.garbage_collection_threshold = now.garbage_collection_threshold;
+    c.max_split_size = now.max_split_size;
     c.pinned_num_register_threads = config_.pinned_num_register_threads;
     c.expandable_segments = config_.expandable_segments;
     c.release_lock_on_malloc = config_.release_lock_on_cudamalloc;
@@ -1908,15 +1955,16 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
 #if GPUMEM_TORCH_AT_LEAST(2, 9)
     c.graph_capture_record_stream_reuse = config_.graph_capture_record_stream_reuse;
 #endif
-    c.last_allocator_settings = recorded_settings(config_);
+    c.last_allocator_settings = recorded_settings(now);
     for (const auto& s : devices_) {
       if (s->main) {
+        std::lock_guard<std::mutex> lock(s->pools_mutex);  // set_run_time_settings writes it
         c.last_allocator_settings = recorded_settings(s->config);  // classic without VMM
         break;
       }
     }
-    c.roundup_power2_divisions.assign(config_.roundup_power2_divisions.begin(),
-                                      config_.roundup_power2_divisions.end());
+    c.roundup_power2_divisions.assign(now.roundup_power2_divisions.begin(),
+                                      now.roundup_power2_divisions.end());
     return out;
   }
 
@@ -1960,6 +2008,8 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   }
 
   allocator_config config_;
+  std::mutex settings_mutex_;         // run_time_config_, and devices' creation
+  allocator_config run_time_config_;  // config_ with set_run_time_settings' values
   std::once_flag init_once_;
   std::atomic<bool> initialized_{false};
   std::vector<std::unique_ptr<detail::device_state>> devices_;  // fixed once init ran
@@ -2034,14 +2084,39 @@ inline cuda_allocator* installed() noexcept {
 namespace detail {
 
 #if GPUMEM_TORCH_AT_LEAST(2, 11)
-// Whether PyTorch allocator settings ("key:value,key:[list],...") set expandable_segments.
-inline bool sets_expandable_segments(const std::string& settings) {
+// Whether PyTorch allocator settings ("key:value,key:[list],...") set `key`.
+inline bool names_key(const std::string& settings, std::string_view key) {
   const ::c10::CachingAllocator::ConfigTokenizer tokens(settings);
   for (std::size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] == "expandable_segments") return true;
+    if (tokens[i] == key) return true;
     i = tokens.skipKey(i) + 1;  // past the value (or list) to the comma
   }
   return false;
+}
+
+// The sizing settings after PyTorch parsed `settings` at run time, on top of `current`: PyTorch
+// resets max_split_size_mb, roundup_power2_divisions and garbage_collection_threshold to their
+// defaults unless `settings` names them, and keeps every other key it does not name.
+inline allocator_config run_time_settings_of(const std::string& settings,
+                                             allocator_config current) {
+  using accelerator_config = ::c10::CachingAllocator::AcceleratorAllocatorConfig;
+  using cuda_config = ::c10::cuda::CUDACachingAllocator::CUDAAllocatorConfig;
+  current.max_split_size = accelerator_config::max_split_size();
+  current.garbage_collection_threshold = accelerator_config::garbage_collection_threshold();
+  const std::vector<size_t>& divisions = accelerator_config::roundup_power2_divisions();
+  for (std::size_t i = 0; i < current.roundup_power2_divisions.size(); ++i) {
+    current.roundup_power2_divisions[i] = i < divisions.size() ? divisions[i] : 0;
+  }
+  if (names_key(settings, "large_segment_size_mb") ||
+      names_key(settings, "max_non_split_rounding_mb")) {
+    current.large_segment_size = accelerator_config::large_segment_size();
+    current.max_non_split_rounding = accelerator_config::max_non_split_rounding_size();
+  }
+  if (names_key(settings, "per_process_memory_fraction")) {
+    const double fraction = cuda_config::per_process_memory_fraction();
+    current.per_process_memory_fraction = fraction;
+  }
+  return current;
 }
 
 // torch.cuda.memory._set_allocator_settings (c10::CachingAllocator::setAllocatorSettings) makes
@@ -2055,7 +2130,7 @@ inline void follow_allocator_settings() {
   hook = [cuda_parse = hook](const std::string& settings) {
     bool sets = false;
     try {
-      sets = sets_expandable_segments(settings);
+      sets = names_key(settings, "expandable_segments");
     } catch (...) {
       // Malformed: PyTorch's parsers have refused it or will (cuda_parse below).
     }
@@ -2063,6 +2138,8 @@ inline void follow_allocator_settings() {
     if (sets && a != nullptr)
       a->set_legacy_segments(!accelerator_config::use_expandable_segments());
     if (cuda_parse) cuda_parse(settings);
+    if (a != nullptr)
+      a->set_run_time_settings(run_time_settings_of(settings, a->run_time_settings()));
   };
 }
 #else
