@@ -130,9 +130,9 @@ struct allocator_config {
   /// `base` is never modified. Thread-safe.
   ///
   /// Unlike PyTorch's runtime re-parse (torch.cuda.memory._set_allocator_settings), which resets
-  /// max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions and
-  /// garbage_collection_threshold to their defaults whenever they are absent, this layers: that is
-  /// what makes "code wins over the environment" keep the environment's other settings.
+  /// max_split_size_mb, roundup_power2_divisions and garbage_collection_threshold to their
+  /// defaults whenever they are absent, this layers: that is what makes "code wins over the
+  /// environment" keep the environment's other settings.
   static allocator_config parse(std::string_view text, allocator_config base);
   /// parse(text, allocator_config{}). (Two overloads: a `base = {}` default argument cannot use
   /// the member initializers inside the class's own definition.)
@@ -689,7 +689,9 @@ inline constexpr std::array<config_key, 23> config_keys{{
       "Segment size obtained for requests larger than 1 MiB and smaller than 10 MiB, and the "
       "growth step of expandable segments. It is also the minimum for the next two keys and the "
       "default of `max_non_split_rounding_mb`. New in PyTorch 2.11.",
-      "all policies"},
+      "all policies. At run time (torch 2.11+): the size of new `cudaMalloc` segments; a VMM "
+      "policy keeps the page size it started with (README.md, \"Allocator settings at run "
+      "time\")."},
      {apply_large_segment_size, mib_text<&allocator_config::large_segment_size>,
       same_field<&allocator_config::large_segment_size>,
       check_mib<&allocator_config::large_segment_size>}},
@@ -701,7 +703,8 @@ inline constexpr std::array<config_key, 23> config_keys{{
       "must be at least {} (MiB, the large segment size), as PyTorch 2.11 requires", "",
       "is below large_segment_size ({} B)"},
      {"unlimited", "integer ≥ `large_segment_size_mb` (20 by default, so 20 is valid)",
-      "Blocks of at least this size are never split (\"oversize\")", "all policies"},
+      "Blocks of at least this size are never split (\"oversize\")",
+      "all policies. Also at run time (README.md, \"Allocator settings at run time\")."},
      segment_bound_handlers<&allocator_config::max_split_size>(
          mib_text<&allocator_config::max_split_size>)},
     {"max_non_split_rounding_mb",
@@ -713,7 +716,7 @@ inline constexpr std::array<config_key, 23> config_keys{{
       "is below large_segment_size ({} B)"},
      {"= `large_segment_size_mb` (20)", "integer ≥ `large_segment_size_mb`",
       "An oversize request may take a cached oversize block at most this much larger than itself",
-      "all policies"},
+      "all policies. Also at run time (README.md, \"Allocator settings at run time\")."},
      segment_bound_handlers<&allocator_config::max_non_split_rounding>(
          max_non_split_rounding_text)},
     {"roundup_power2_divisions",
@@ -725,7 +728,8 @@ inline constexpr std::array<config_key, 23> config_keys{{
      {"0 (off) in every interval",
       "`N`, or `[interval_mb:N,...,>:N]` with each `N` 0 or a power of two (the single form must "
       "be a power of two)",
-      "Rounds requests up to one of `N` steps per power-of-two size interval", "all policies"},
+      "Rounds requests up to one of `N` steps per power-of-two size interval",
+      "all policies. Also at run time (README.md, \"Allocator settings at run time\")."},
      {apply_roundup_power2_divisions, roundup_power2_divisions_text,
       same_field<&allocator_config::roundup_power2_divisions>, check_roundup_power2_divisions}},
     {"garbage_collection_threshold",
@@ -737,7 +741,7 @@ inline constexpr std::array<config_key, 23> config_keys{{
      {"0 (off)", "(0, 1), both ends excluded",
       "Under a memory cap, frees old cached blocks when reserved memory exceeds threshold × cap",
       "all policies, but only with `per_process_memory_fraction` below 1, as in PyTorch (note "
-      "otherwise)"},
+      "otherwise). Also at run time (README.md, \"Allocator settings at run time\")."},
      fraction_handlers<&allocator_config::garbage_collection_threshold>()},
     {"per_process_memory_fraction",
      "",
@@ -747,7 +751,8 @@ inline constexpr std::array<config_key, 23> config_keys{{
       "is outside [0, 1]"},
      {"unset (no cap)", "[0, 1]",
       "Caps reserved memory at fraction × device memory. `1` means no cap, as in PyTorch.",
-      "all policies"},
+      "all policies. Set at run time (torch 2.10+), it caps only the GPUs first used "
+      "afterwards, as in PyTorch."},
      {apply_memory_fraction, memory_fraction_text,
       same_field<&allocator_config::per_process_memory_fraction>, check_memory_fraction}},
     {"expandable_segments",
@@ -758,7 +763,7 @@ inline constexpr std::array<config_key, 23> config_keys{{
      {"`False`", "`True`, `False`", "One growable virtual range per stream and pool",
       "Selects `policy:expandable` when `policy` is `auto`. No effect when `policy` is `classic` "
       "or `stitch` (note). Set at run time with `torch.cuda.memory._set_allocator_settings` "
-      "(LibTorch adapter, torch 2.11 and newer): `False` gives PyTorch's default pool `cudaMalloc` "
+      "(LibTorch adapter, torch 2.9 and newer): `False` gives PyTorch's default pool `cudaMalloc` "
       "segments under expandable and stitch, `True` returns to the configured policy (README.md, "
       "\"cudaMalloc memory at run time\")."},
      flag_handlers<&allocator_config::expandable_segments>()},

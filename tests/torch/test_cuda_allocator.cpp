@@ -22,6 +22,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -833,6 +834,7 @@ TEST_F(Installed, APoolMarkedUseOnOomLendsItsCachedBlocksBeforeTheCacheIsFreed) 
   c10_alloc::emptyCache();
 }
 
+#if GPUMEM_TORCH_AT_LEAST(2, 10)  // setNoSplit
 // MemPool(no_split=True): every allocation of the pool is a whole segment, or a whole cached
 // block, under every policy; a plain pool splits its segments.
 TEST_F(Installed, ANoSplitPoolNeverSplitsABlock) {
@@ -877,6 +879,7 @@ TEST_F(Installed, ANoSplitPoolNeverSplitsABlock) {
   EXPECT_NO_THROW(destroy_mempool(plain));
   EXPECT_TRUE(c10_alloc::snapshot(whole).segments.empty());
 }
+#endif
 
 // torch.cuda.caching_allocator_enable(False): each allocation is its own cudaMalloc and its free a
 // cudaFree, outside the statistics; memory keeps the way it was allocated across the switch.
@@ -1047,7 +1050,7 @@ TEST_F(Installed, WhatGpumemCannotDoSaysSo) {
   EXPECT_THROW(c10_alloc::getDeviceStats(5), c10::Error);  // one simulated GPU
 }
 
-#if GPUMEM_TORCH_AT_LEAST(2, 11)
+#if GPUMEM_TORCH_AT_LEAST(2, 9)
 // --- expandable_segments at run time (torch.cuda.memory._set_allocator_settings)
 // ------------------------------------------------
 
@@ -1151,6 +1154,39 @@ TEST_F(Installed, OnlySettingsThatNameExpandableSegmentsSwitchLegacySegments) {
   EXPECT_THROW(c10::CachingAllocator::setAllocatorSettings("expandable_segments:maybe"),
                c10::Error);
   EXPECT_FALSE(a_->legacy_segments());
+}
+
+// The sizing keys as PyTorch's run-time parse leaves them (what _set_allocator_settings calls):
+// from the next allocation, with the keys it does not name reset (the three PyTorch resets) or
+// kept; memory_stats' max_split_size stays the value the GPU started with.
+TEST_F(Installed, SizingSettingsAtRunTimeActFromTheNextAllocation) {
+  struct reset {
+    ~reset() { c10::CachingAllocator::setAllocatorSettings(""); }
+  } reset_settings;
+  c10::CachingAllocator::setAllocatorSettings("");
+  const int64_t max_split_at_start = c10_alloc::getDeviceStats(0).max_split_size;
+  auto allocated_by = [](std::size_t size) {
+    const int64_t before = c10_alloc::getDeviceStats(0).allocated_bytes[all].current;
+    void* p = c10_alloc::raw_alloc(size);
+    const int64_t grew = c10_alloc::getDeviceStats(0).allocated_bytes[all].current - before;
+    c10_alloc::raw_delete(p);
+    return static_cast<std::size_t>(grew);
+  };
+  EXPECT_EQ(allocated_by(84 * MiB), 84 * MiB);
+  c10::CachingAllocator::setAllocatorSettings("roundup_power2_divisions:4");
+  EXPECT_EQ(allocated_by(84 * MiB), 96 * MiB);
+  c10::CachingAllocator::setAllocatorSettings("max_split_size_mb:40,max_non_split_rounding_mb:60");
+  EXPECT_EQ(allocated_by(84 * MiB), 84 * MiB);  // the divisions were reset
+  EXPECT_EQ(a_->run_time_settings().max_split_size, 40 * MiB);
+  EXPECT_EQ(a_->run_time_settings().max_non_split_rounding, 60 * MiB);
+  EXPECT_EQ(c10_alloc::getDeviceStats(0).max_split_size, max_split_at_start);
+  c10::CachingAllocator::setAllocatorSettings(
+      "garbage_collection_threshold:0.5,roundup_power2_divisions:[64:8,>:1]");
+  EXPECT_EQ(allocated_by(100 * MiB + 1), 104 * MiB);
+  EXPECT_EQ(a_->run_time_settings().max_split_size, std::numeric_limits<std::size_t>::max());
+  EXPECT_EQ(a_->run_time_settings().max_non_split_rounding, 60 * MiB);  // not reset by PyTorch
+  EXPECT_DOUBLE_EQ(a_->run_time_settings().garbage_collection_threshold, 0.5);
+  EXPECT_EQ(a_->config().max_split_size, std::numeric_limits<std::size_t>::max());  // install's
 }
 
 // gpumem's own switch, and a pool's policy, whatever the setting: the default pool only.

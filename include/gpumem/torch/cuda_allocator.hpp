@@ -6,8 +6,9 @@
 // CUDA-graph private pools, torch.cuda.MemPool / use_mem_pool (nested too) with use_on_oom and
 // no_split, torch.cuda.caching_allocator_enable(False), IPC (torch.multiprocessing: cudaMalloc
 // segments as CUDA IPC handles, the VMM policies' pages as PyTorch's expandable-segment handles)
-// and torch.cuda.memory._set_allocator_settings("expandable_segments:False") around code that
-// needs cudaMalloc memory (set_legacy_segments).
+// and torch.cuda.memory._set_allocator_settings: "expandable_segments:False" around code that
+// needs cudaMalloc memory (set_legacy_segments), the sizing keys as PyTorch applies them
+// (set_run_time_settings).
 //
 //   gpumem::torch::install();                          // before the first CUDA tensor
 //   gpumem::torch::install("policy:stitch,max_split_size_mb:256");
@@ -60,8 +61,8 @@
 #endif
 
 #include <c10/core/Allocator.h>
-#if GPUMEM_TORCH_AT_LEAST(2, 11)
-#include <c10/core/AllocatorConfig.h>
+#if GPUMEM_TORCH_AT_LEAST(2, 9)
+#include <c10/core/AllocatorConfig.h>  // the settings' parse hook (follow_allocator_settings)
 #endif
 #include <c10/cuda/CUDACachingAllocator.h>
 #if GPUMEM_TORCH_AT_LEAST(2, 9)
@@ -307,7 +308,7 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   /// request (caching_allocator::set_run_time_settings: cached blocks stay, statistics'
   /// max_split_size keeps the value the GPU started with); per_process_memory_fraction, as in
   /// PyTorch, only caps GPUs first used afterwards. The other keys keep their values. From torch
-  /// 2.11, torch.cuda.memory._set_allocator_settings calls it (follow_allocator_settings) with
+  /// 2.9, torch.cuda.memory._set_allocator_settings calls it (follow_allocator_settings) with
   /// PyTorch's values after its parse. Throws gpumem's config_error, changing nothing, for values
   /// out of range. Thread-safe.
   void set_run_time_settings(const allocator_config& settings) {
@@ -347,7 +348,7 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   /// accept; off (the default), from the configured policy again. Blocks keep working across a
   /// switch and are freed where they came from; their cache stays until empty_cache (or an
   /// out-of-memory retry) returns it. No effect under classic, whose segments are all cudaMalloc
-  /// ones, nor on private pools (MemPool, CUDA graphs), which keep their policy. From torch 2.11,
+  /// ones, nor on private pools (MemPool, CUDA graphs), which keep their policy. From torch 2.9,
   /// torch.cuda.memory._set_allocator_settings with expandable_segments:False turns it on and
   /// expandable_segments:True off (follow_allocator_settings). Thread-safe; never throws.
   void set_legacy_segments(bool on) noexcept {
@@ -2083,7 +2084,7 @@ inline cuda_allocator* installed() noexcept {
 
 namespace detail {
 
-#if GPUMEM_TORCH_AT_LEAST(2, 11)
+#if GPUMEM_TORCH_AT_LEAST(2, 9)
 // Whether PyTorch allocator settings ("key:value,key:[list],...") set `key`.
 inline bool names_key(const std::string& settings, std::string_view key) {
   const ::c10::CachingAllocator::ConfigTokenizer tokens(settings);
@@ -2100,50 +2101,79 @@ inline bool names_key(const std::string& settings, std::string_view key) {
 inline allocator_config run_time_settings_of(const std::string& settings,
                                              allocator_config current) {
   using accelerator_config = ::c10::CachingAllocator::AcceleratorAllocatorConfig;
-  using cuda_config = ::c10::cuda::CUDACachingAllocator::CUDAAllocatorConfig;
   current.max_split_size = accelerator_config::max_split_size();
   current.garbage_collection_threshold = accelerator_config::garbage_collection_threshold();
   const std::vector<size_t>& divisions = accelerator_config::roundup_power2_divisions();
   for (std::size_t i = 0; i < current.roundup_power2_divisions.size(); ++i) {
     current.roundup_power2_divisions[i] = i < divisions.size() ? divisions[i] : 0;
   }
-  if (names_key(settings, "large_segment_size_mb") ||
-      names_key(settings, "max_non_split_rounding_mb")) {
+  if (names_key(settings, "max_non_split_rounding_mb")) {
+    current.max_non_split_rounding = accelerator_config::max_non_split_rounding_size();
+  }
+#if GPUMEM_TORCH_AT_LEAST(2, 11)
+  if (names_key(settings, "large_segment_size_mb")) {
     current.large_segment_size = accelerator_config::large_segment_size();
     current.max_non_split_rounding = accelerator_config::max_non_split_rounding_size();
   }
+#endif
+#if GPUMEM_TORCH_AT_LEAST(2, 10)
   if (names_key(settings, "per_process_memory_fraction")) {
-    const double fraction = cuda_config::per_process_memory_fraction();
+    const double fraction =
+        ::c10::cuda::CUDACachingAllocator::CUDAAllocatorConfig::per_process_memory_fraction();
     current.per_process_memory_fraction = fraction;
   }
+#endif
   return current;
 }
 
+// What gpumem's hook does around CUDA's parse of `settings` (cuda_parse): settings naming
+// expandable_segments switch legacy segments on (False) or off (True), and the sizing settings
+// go to every allocator as PyTorch left them (set_run_time_settings).
+inline void follow_settings(const std::string& settings,
+                            const std::function<void(const std::string&)>& cuda_parse) {
+  using accelerator_config = ::c10::CachingAllocator::AcceleratorAllocatorConfig;
+  bool sets = false;
+  try {
+    sets = names_key(settings, "expandable_segments");
+  } catch (...) {
+    // Malformed: PyTorch's parsers have refused it or will (cuda_parse below).
+  }
+  cuda_allocator* a = installed();
+  if (sets && a != nullptr) a->set_legacy_segments(!accelerator_config::use_expandable_segments());
+  if (cuda_parse) cuda_parse(settings);
+  if (a != nullptr) {
+    a->set_run_time_settings(run_time_settings_of(settings, a->run_time_settings()));
+  }
+}
+
 // torch.cuda.memory._set_allocator_settings (c10::CachingAllocator::setAllocatorSettings) makes
-// no call on the allocator: PyTorch's own reads expandable_segments again at each allocation.
-// setAllocatorSettings parses the settings, then calls the device configuration hook (CUDA's
-// keys): gpumem wraps that hook, so that settings naming expandable_segments switch legacy
-// segments on (False) or off (True) before CUDA's parse runs as before.
+// no call on the allocator: PyTorch's own reads its settings again at each allocation.
+// setAllocatorSettings parses the settings (the keys shared by every device, resetting
+// max_split_size_mb, roundup_power2_divisions and garbage_collection_threshold), then calls the
+// device configuration hook (CUDA's keys): gpumem's hook runs CUDA's parse and follows.
 inline void follow_allocator_settings() {
   using accelerator_config = ::c10::CachingAllocator::AcceleratorAllocatorConfig;
+#if GPUMEM_TORCH_AT_LEAST(2, 11)
   auto& hook = accelerator_config::getConfigParserHook();
   hook = [cuda_parse = hook](const std::string& settings) {
-    bool sets = false;
-    try {
-      sets = names_key(settings, "expandable_segments");
-    } catch (...) {
-      // Malformed: PyTorch's parsers have refused it or will (cuda_parse below).
-    }
-    cuda_allocator* a = installed();
-    if (sets && a != nullptr)
-      a->set_legacy_segments(!accelerator_config::use_expandable_segments());
-    if (cuda_parse) cuda_parse(settings);
-    if (a != nullptr)
-      a->set_run_time_settings(run_time_settings_of(settings, a->run_time_settings()));
+    follow_settings(settings, cuda_parse);
   };
+#else
+  // torch 2.9 and 2.10 keep the hook private; registering one replaces it, so gpumem's runs
+  // CUDA's parse itself, as the hook CUDA registers does (no key is added).
+  accelerator_config::registerDeviceConfigParserHook(
+      [](const std::string& settings) {
+        follow_settings(settings, [](const std::string& text) {
+          ::c10::cuda::CUDACachingAllocator::CUDAAllocatorConfig::instance().parseArgs(text);
+        });
+      },
+      {});
+#endif
 }
 #else
-inline void follow_allocator_settings() {}  // torch < 2.11: not followed
+// torch 2.8: _set_allocator_settings parses CUDA's settings (CUDAAllocatorConfig::parseArgs)
+// without a hook or a call on the allocator: not followed.
+inline void follow_allocator_settings() {}
 #endif
 
 }  // namespace detail
