@@ -1817,8 +1817,8 @@ class caching_allocator {
   }
 
   // Stitch: up to `count` free pages that can be mapped in range `target` as well: whole pages
-  // inside free blocks of any pool, used by no range, not mapped in `target` yet. The target's own
-  // stream first (no wait between streams), then the largest free runs, then the lowest address.
+  // inside free blocks of any pool, used by no range, not mapped in `target` yet, in the order of
+  // stitch_policy::shared_before (the target's own stream first).
   void collect_free_pages([[maybe_unused]] const segment_type& target,
                           [[maybe_unused]] std::size_t count,
                           [[maybe_unused]] std::vector<detail::page_id>& out) {

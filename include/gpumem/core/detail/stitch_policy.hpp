@@ -95,9 +95,12 @@ class stitch_policy {
 
   /// The order in which free pages are shared: the request's own stream first (no wait between
   /// streams), then the blocks free the longest (least likely to be wanted back soon), then the
-  /// largest, then the lowest address.
+  /// largest, then the lowest address. Another stream's blocks go largest first: each one shared
+  /// couples the request to a block that stream takes back on its own schedule, so the fewer of
+  /// them, the sooner a loop over several streams finds its couplings again every step.
   static bool shared_before(const page_source& a, const page_source& b) noexcept {
     if (a.other_stream != b.other_stream) return !a.other_stream;
+    if (a.other_stream && a.pages != b.pages) return a.pages > b.pages;
     if (a.freed_at != b.freed_at) return a.freed_at < b.freed_at;
     return a.pages != b.pages ? a.pages > b.pages : a.address < b.address;
   }
