@@ -3,11 +3,12 @@
 // asks PyTorch's allocator keeps working: torch.cuda.memory_stats / memory_summary /
 // max_memory_reserved / empty_cache / set_per_process_memory_fraction, snapshots and memory
 // history, cudnn.benchmark's cacheInfo, ProcessGroupNCCL's segment registration (trace trackers),
-// CUDA-graph private pools, torch.cuda.MemPool / use_mem_pool (nested too) with use_on_oom and
-// no_split, torch.cuda.caching_allocator_enable(False), IPC (torch.multiprocessing: cudaMalloc
-// segments as CUDA IPC handles, the VMM policies' pages as PyTorch's expandable-segment handles)
-// and torch.cuda.memory._set_allocator_settings("expandable_segments:False") around code that
-// needs cudaMalloc memory (set_legacy_segments).
+// CUDA-graph private pools and the checkpoints CUDA-graph trees take of them
+// (torch.compile(mode="reduce-overhead")), torch.cuda.MemPool / use_mem_pool (nested too) with
+// use_on_oom and no_split, torch.cuda.caching_allocator_enable(False), IPC (torch.multiprocessing:
+// cudaMalloc segments as CUDA IPC handles, the VMM policies' pages as PyTorch's expandable-segment
+// handles) and torch.cuda.memory._set_allocator_settings("expandable_segments:False") around code
+// that needs cudaMalloc memory (set_legacy_segments).
 //
 //   gpumem::torch::install();                          // before the first CUDA tensor
 //   gpumem::torch::install("policy:stitch,max_split_size_mb:256");
