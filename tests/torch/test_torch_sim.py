@@ -9,6 +9,7 @@ simulator checks") kills it; the tests also read the violation counters. Kernels
 the simulator knows of; copies and fills do.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -391,6 +392,199 @@ class StreamRulesTest(SimTest):
         self.assertEqual(rc, 0, err)
         self.assertEqual(out.strip(), "1", err)
         self.assertIn("cudasim violation: race: cudaMemcpyAsync on stream", err)
+
+
+# CUDA-graph trees (torch._inductor.cudagraph_trees, what torch.compile(mode="reduce-overhead")
+# and backend="cudagraphs" run) checkpoint a graph pool after each recording and return it to that
+# checkpoint before recording a graph after replaying others: getCheckpointState and
+# setCheckpointPoolState. Each test prints what it measured as one JSON line; PyTorch's allocator
+# is the oracle (classic lays blocks out as PyTorch's allocator, expandable as PyTorch's
+# expandable segments; stitch must give the same allocations and statistics where the test says).
+TREES_PRELUDE = """
+import json
+import torch._inductor.config as inductor_config
+from torch._inductor import cudagraph_trees
+inductor_config.triton.slow_path_cudagraph_asserts = True   # live storages == the pool's blocks
+calls = {"get": 0, "set": 0}
+_get, _set = torch._C._cuda_getCheckpointState, torch._C._cuda_setCheckpointPoolState
+def _counting_get(*a):
+    calls["get"] += 1
+    return _get(*a)
+def _counting_set(*a):
+    calls["set"] += 1
+    return _set(*a)
+torch._C._cuda_getCheckpointState = _counting_get
+torch._C._cuda_setCheckpointPoolState = _counting_set
+
+def e(n):
+    return torch.empty(n, dtype=torch.uint8, device="cuda")
+
+def pool_segments(pool):
+    return [s for s in torch.cuda.memory_snapshot() if tuple(s["segment_pool_id"]) == tuple(pool)]
+
+def live_blocks(pool):
+    return sum(b["state"] == "active_allocated" for s in pool_segments(pool) for b in s["blocks"])
+
+def current():
+    st = torch.cuda.memory_stats()
+    return [st[k + ".all.current"] for k in ("allocation", "allocated_bytes", "active_bytes",
+                                             "requested_bytes", "inactive_split")]
+"""
+
+
+# The allocators whose statistics agree: PyTorch's and gpumem's classic policy; PyTorch's
+# expandable segments and gpumem's VMM policies (no inactive_split).
+SAME_LAYOUT = [["pytorch", "gpumem classic"],
+               ["pytorch expandable", "gpumem expandable", "gpumem stitch"]]
+
+
+class CudagraphTreesTest(SimTest):
+    def each_allocator_same(self, code, same):
+        """Runs `code` under every allocator; the JSON each prints must equal that of the
+        allocators named with it in `same` (a list of groups)."""
+        printed = {}
+        for name, extra in ALLOCATORS.items():
+            with self.subTest(allocator=name):
+                env = dict(extra)
+                if "TEST_PLUGIN" in env:
+                    env["TEST_PLUGIN"] = PLUGIN
+                out, err = self.check(TREES_PRELUDE + textwrap.dedent(code), env)
+                self.assertNotIn("gpumem: ", err)
+                printed[name] = json.loads(out.strip().splitlines()[-1])
+        for group in same:
+            for name in group[1:]:
+                self.assertEqual(printed[name], printed[group[0]], f"{name} against {group[0]}")
+        return printed
+
+    def test_a_branch_recorded_after_replaying_its_parent(self):
+        # A, then B as A's child, recorded and replayed; then C as A's child: recorded after A
+        # replays, on the pool returned to A's checkpoint (the tree A -> B, A -> C).
+        printed = self.each_allocator_same("""
+            def make(fn, inputs, outputs):
+                def model(args):
+                    xs = list(args)
+                    args.clear()
+                    return fn(*xs)
+                return cudagraph_trees.cudagraphify_impl(
+                    model, inputs, (), device_index=0, is_backward=False, is_inference=True,
+                    stack_traces=[None] * outputs)
+            def foo_a(x):
+                t = e(3 * MiB)
+                u = e(4096)
+                return (x.add(1), t, e(512))
+            def foo_b(x):
+                return (x.mul(2), e(25 * MiB))
+            def foo_c(x):
+                tmp = e(6 * MiB)
+                del tmp
+                return (x.sub(1), e(700 * 1024))
+            x = torch.zeros(1 << 16, device="cuda")
+            fa, fb, fc = make(foo_a, [x], 3), make(foo_b, [x], 2), make(foo_c, [x], 2)
+            for _ in range(3):
+                torch.compiler.cudagraph_mark_step_begin()
+                a = fa([x])
+                b = fb([a[0]])
+            for _ in range(3):
+                torch.compiler.cudagraph_mark_step_begin()
+                a = fa([x])
+                c = fc([a[0]])
+            torch.cuda.synchronize()
+            during = current()
+            del a, b, c
+            cudagraph_trees.reset_cudagraph_trees()
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            assert counters().violations == 0, last_violation()
+            print(json.dumps({"calls": calls, "during": during,
+                              "after": torch.cuda.memory_allocated(),
+                              "reserved": torch.cuda.memory_reserved()}))
+        """, SAME_LAYOUT)
+        self.assertGreater(printed["gpumem stitch"]["calls"]["set"], 0)
+
+    def test_checkpoint_restore_frees_stale_and_hands_back_live_blocks(self):
+        # TestBlockStateAbsorption's steps without kernel values: a graph's outputs are
+        # checkpointed; a second graph on the pool allocates; the restore frees its output (stale:
+        # its deleter is swapped out) and hands the first graph's blocks back, two of them to
+        # tensors rebuilt without a deleter, the third only by raw pointer.
+        self.each_allocator_same("""
+            def graphed(fn):
+                torch.cuda.synchronize()
+                s = torch.cuda.Stream()
+                s.wait_stream(torch.cuda.current_stream())
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, stream=s, pool=pool):
+                    out = fn()
+                return g, out
+            def meta(t):
+                return (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes(), t.shape)
+            def rebuild(m):
+                st = torch._C._construct_storage_from_data_pointer(m[0], torch.device("cuda", 0),
+                                                                    m[1])
+                t = torch.empty([0], device="cuda", dtype=torch.uint8)
+                return t.set_(source=st, storage_offset=0, size=m[2], stride=(1,))
+            pool = torch.cuda.graph_pool_handle()
+            g1, outs = graphed(lambda: (e(2 * MiB), e(2 * MiB), e(24 * MiB), e(512)))
+            segments_before = [(s["address"], s["total_size"], s["allocated_size"],
+                                [(b["size"], b["state"]) for b in s["blocks"]])
+                               for s in pool_segments(pool)]
+            state = torch._C._cuda_getCheckpointState(0, pool)
+            metas = [meta(t) for t in outs]
+            steps = [live_blocks(pool), current()]
+            del outs                                   # every block of g1 dies
+            steps += [live_blocks(pool), current()]
+            g2, outs2 = graphed(lambda: (e(3 * MiB), e(1024)))
+            steps += [live_blocks(pool), current()]
+            rebuilt = [rebuild(m) for m in metas[:3]]
+            torch._C._cuda_setCheckpointPoolState(
+                0, state, [t.untyped_storage()._cdata for t in outs2],
+                [t.untyped_storage()._cdata for t in rebuilt[:2]])
+            del outs2                                  # stale: freed by the restore, not again
+            steps += [live_blocks(pool), current()]
+            segments_after = [(s["address"], s["total_size"], s["allocated_size"],
+                               [(b["size"], b["state"]) for b in s["blocks"]])
+                              for s in pool_segments(pool)]
+            if os.environ.get("GPUMEM_ALLOC_CONF") != "policy:stitch":
+                assert all(s in segments_after for s in segments_before), (segments_before,
+                                                                           segments_after)
+            rebuilt[0] = None                          # its deleter is gpumem's (or PyTorch's)
+            steps += [live_blocks(pool)]
+            rebuilt[1] = None
+            steps += [live_blocks(pool)]
+            rebuilt[2] = None                          # no deleter was given to this one
+            steps += [live_blocks(pool)]
+            torch._C._cuda_cudaCachingAllocator_raw_delete(metas[2][0])
+            steps += [live_blocks(pool)]
+            torch._C._cuda_cudaCachingAllocator_raw_delete(metas[3][0])  # never rebuilt
+            steps += [live_blocks(pool), current()]
+            del g1, g2
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            assert not pool_segments(pool), pool_segments(pool)
+            assert counters().violations == 0, last_violation()
+            print(json.dumps({"steps": steps}))
+        """, SAME_LAYOUT)
+
+    def test_torch_compile_cudagraphs_backend(self):
+        # torch.compile(backend="cudagraphs"): cudagraph trees without Inductor's code generation
+        # (mode="reduce-overhead" needs Triton, which compiles for a real GPU).
+        printed = self.each_allocator_same("""
+            w = torch.randn(64, device="cuda")
+            b = torch.randn(64, device="cuda")
+            f = torch.compile(lambda x: ((x * w + b).relu() * 2 + 1).tanh(), backend="cudagraphs")
+            g = torch.compile(lambda y: (y * 2).sum(), backend="cudagraphs")
+            x = torch.randn(16, 64, device="cuda")
+            with torch.no_grad():
+                for step in range(8):
+                    torch.compiler.cudagraph_mark_step_begin()
+                    y = f(x)
+                    if step >= 3:
+                        z = g(y)            # a new child of f's node, recorded after f replays
+            torch.cuda.synchronize()
+            assert counters().violations == 0, last_violation()
+            print(json.dumps({"calls": calls["set"], "allocated": torch.cuda.memory_allocated(),
+                              "reserved": torch.cuda.memory_reserved()}))
+        """, [list(ALLOCATORS)])
+        self.assertGreater(printed["pytorch"]["calls"], 0)
 
 
 if __name__ == "__main__":

@@ -157,6 +157,39 @@ std::vector<segment_part> segment_parts(const segment_snapshot<Stream>& s,
   return parts;
 }
 
+/// One block of a checkpointed segment (checkpoint): where it is, and whether it was handed out.
+struct checkpoint_block {
+  std::uintptr_t address = 0;
+  std::size_t size = 0;
+  bool allocated = false;  // false: free or pending-free when checkpointed
+};
+
+/// One segment of a checkpoint: its address, the stream and pool kind it serves, and its blocks
+/// in address order (mapped and unmapped alike).
+template <class Stream>
+struct checkpoint_segment {
+  std::uintptr_t address = 0;
+  std::size_t size = 0;
+  Stream stream{};
+  bool is_small = false;
+  std::vector<checkpoint_block> blocks;
+};
+
+/// An allocator's block layout at one moment (caching_allocator::checkpoint), to return its
+/// allocations to later (restore): PyTorch's PrivatePoolState, which CUDA-graph trees take after
+/// each recording.
+template <class Stream>
+struct allocator_checkpoint {
+  std::vector<checkpoint_segment<Stream>> segments;  // in segment creation order
+};
+
+/// What restore changed: every pointer that was allocated before it (now freed) and every block
+/// allocated by it (at the checkpoint's addresses). A pointer may be in both.
+struct checkpoint_delta {
+  std::vector<void*> freed;
+  std::vector<void*> allocated;
+};
+
 /// The three byte counts people watch, current values (what stats() reports in requested_bytes,
 /// allocated_bytes and reserved_bytes [all], without copying every statistic).
 struct memory_usage {
@@ -519,6 +552,78 @@ class caching_allocator {
     ledger_->bytes.fetch_add(reserved_total_);
   }
 
+  /// The block layout of every segment (PyTorch's getCheckpointState of a private pool): what
+  /// restore returns the allocator to. Blocks pending free count as free.
+  allocator_checkpoint<stream_type> checkpoint() const {
+    std::lock_guard<detail::spin_mutex> lock(mutex_);
+    allocator_checkpoint<stream_type> out;
+    for (const segment_type* s = segments_; s != nullptr; s = s->next) {
+      checkpoint_segment<stream_type> cs;
+      cs.address = s->ptr;
+      cs.size = s->size;
+      cs.stream = s->owner->stream;
+      cs.is_small = s->owner->is_small;
+      for (const block_type* b = s->head; b != nullptr; b = b->next) {
+        cs.blocks.push_back(checkpoint_block{b->ptr, b->size, b->allocated});
+      }
+      out.segments.push_back(std::move(cs));
+    }
+    return out;
+  }
+
+  /// Returns the allocations to those of `cp` (PyTorch's setCheckpointPoolState, which CUDA-graph
+  /// trees call before recording a graph after replaying others): every block allocated now is
+  /// freed, then every block allocated in `cp` is allocated again at its address and size
+  /// (requested size = its size, as PyTorch counts it), its segment cut around it; the rest of
+  /// each segment is free. Segments made since `cp` stay, free. Returns the pointers freed and
+  /// those allocated. Outside a capture, blocks pending on stream events are waited for first.
+  /// The current statistics are those of a fresh allocation of each restored block.
+  ///
+  /// Works under every policy: the checkpointed blocks must lie in segments still there and,
+  /// under expandable and stitch, on mapped pages; a private pool in use keeps both (its memory
+  /// is fixed), and under stitch its pages mapped at two addresses were held by one range each at
+  /// the checkpoint, so the restored blocks hold them again without conflict. Throws usage_error,
+  /// changing nothing, when `cp` does not fit this allocator (a segment gone or moved, a block
+  /// outside its segment, overlapping another, or on unmapped pages) or when, during a capture,
+  /// a block is pending or used on other streams.
+  checkpoint_delta restore(const allocator_checkpoint<stream_type>& cp) {
+    std::lock_guard<detail::spin_mutex> lock(mutex_);
+    reporter_.clear_error();
+    const std::vector<segment_type*> targets = checkpoint_targets(cp);
+    checkpoint_delta delta;
+    std::vector<block_type*> live;
+    for (segment_type* s = segments_; s != nullptr; s = s->next) {
+      for (block_type* b = s->head; b != nullptr; b = b->next) {
+        if (b->allocated) live.push_back(b);
+      }
+    }
+    for (block_type* b : live) {  // freeing merges neighbours, never b's own address
+      delta.freed.push_back(reinterpret_cast<void*>(b->ptr));
+      allocated_.erase(b->ptr);
+      release_allocated(b);
+    }
+    if (captures_underway_ == 0 && (!events_.empty() || !deferred_.empty())) {
+      synchronize_and_free_events();
+    }
+    for (std::size_t k = 0; k < cp.segments.size(); ++k) {
+      block_type* cursor = targets[k]->head;
+      for (const checkpoint_block& cb : cp.segments[k].blocks) {
+        if (!cb.allocated) continue;
+        while (cursor != nullptr && cursor->ptr + cursor->size <= cb.address) {
+          cursor = cursor->next;
+        }
+        block_type* b = restore_block(cursor, cb);
+        delta.allocated.push_back(reinterpret_cast<void*>(b->ptr));
+        if (reporter_.listening())
+          notify(allocator_action::alloc, b->ptr, b->size, b->owner->stream);
+        cursor = b->next;
+      }
+    }
+    report_reserved_changes();
+    rethrow_observer_error();
+    return delta;
+  }
+
   // ---------------------------------------------------------------------------------------------
   // Limits
 
@@ -864,6 +969,105 @@ class caching_allocator {
 
   bool gc_enabled() const noexcept {
     return fraction_set_ && config_.garbage_collection_threshold > 0.0;
+  }
+
+  // --- checkpoints (checkpoint, restore) -------------------------------------------------------
+
+  [[noreturn]] static void refuse_checkpoint(const std::string& why) {
+    throw usage_error("gpumem: restore of a checkpoint that does not fit this allocator: " + why);
+  }
+
+  // restore's checks, before it changes anything: the segment of each checkpointed segment, or
+  // usage_error.
+  std::vector<segment_type*> checkpoint_targets(const allocator_checkpoint<stream_type>& cp) const {
+    std::vector<segment_type*> targets;
+    for (const checkpoint_segment<stream_type>& cs : cp.segments) {
+      segment_type* s = segments_;
+      while (s != nullptr && s->ptr != cs.address) s = s->next;
+      if (s == nullptr || s->size != cs.size || !(s->owner->stream == cs.stream) ||
+          s->owner->is_small != cs.is_small) {
+        refuse_checkpoint(fmt::format("segment {:#x} of {} bytes is gone", cs.address, cs.size));
+      }
+      std::uintptr_t end = s->ptr;
+      for (const checkpoint_block& cb : cs.blocks) {
+        if (!cb.allocated) continue;
+        if (cb.size == 0 || cb.address < end || cb.address + cb.size > s->ptr + s->size) {
+          refuse_checkpoint(
+              fmt::format("block {:#x} of {} bytes is outside its segment or overlaps another",
+                          cb.address, cb.size));
+        }
+        end = cb.address + cb.size;
+        if (s->page_size != 0) {
+          const std::size_t first = (cb.address - s->ptr) / s->page_size;
+          const std::size_t last = (end - s->ptr + s->page_size - 1) / s->page_size;
+          for (std::size_t i = first; i < last; ++i) {
+            if (s->pages[i] == 0) {
+              refuse_checkpoint(fmt::format("block {:#x} lies on unmapped pages", cb.address));
+            }
+          }
+        }
+      }
+      targets.push_back(s);
+    }
+    if (captures_underway_ > 0) {
+      bool busy = !deferred_.empty() || !events_.empty();
+      for (const segment_type* s = segments_; s != nullptr && !busy; s = s->next) {
+        for (const block_type* b = s->head; b != nullptr && !busy; b = b->next) {
+          busy = b->allocated && !b->stream_uses.empty();
+        }
+      }
+      if (busy) {
+        throw usage_error(
+            "gpumem: restore of a checkpoint during a capture while blocks wait for stream events "
+            "(used on other streams): restore it after the capture");
+      }
+    }
+    return targets;
+  }
+
+  // restore: allocates checkpointed block `cb` out of free block b, which holds it (b's segment
+  // has no allocated block left but those restored before it). Returns the allocated block.
+  block_type* restore_block(block_type* b, const checkpoint_block& cb) {
+    if (b == nullptr || b->allocated || !b->mapped || b->shadowed || !b->indexed ||
+        b->ptr > cb.address || b->ptr + b->size < cb.address + cb.size) {
+      throw std::logic_error(fmt::format(
+          "gpumem invariant violated: checkpointed block {:#x} is not inside a free block",
+          cb.address));
+    }
+    if constexpr (is_vmm_device_v<Device>) {
+      const segment_type& s = *b->seg;
+      if (s.shared_pages != 0) {
+        const std::size_t first = (cb.address - s.ptr) / s.page_size;
+        const std::size_t last = (cb.address + cb.size - s.ptr + s.page_size - 1) / s.page_size;
+        for (std::size_t i = first; i < last; ++i) {
+          if (vmm_.held_elsewhere(s, i)) {
+            throw std::logic_error(fmt::format(
+                "gpumem invariant violated: checkpointed block {:#x} is on a page another range "
+                "holds",
+                cb.address));
+          }
+        }
+      }
+    }
+    pool_type& p = *b->owner;
+    p.index.erase(b);
+    const bool was_split = b->is_split();
+    const std::size_t whole = b->size;
+    int pieces = 1;
+    if (b->ptr < cb.address) {
+      index_insert(p, cut_low(b, cb.address));
+      ++pieces;
+    }
+    if (b->ptr + b->size > cb.address + cb.size) {
+      index_insert(p, cut(b, cb.address + cb.size));
+      ++pieces;
+    }
+    if (!rules_.maps_pages && pieces > 1) {  // classic: every free piece of a split segment
+      counts_.increase(p.is_small, counter::inactive_split, pieces - (was_split ? 1 : 0));
+      if (!was_split) counts_.increase(p.is_small, counter::inactive_split_bytes, as_i64(whole));
+    }
+    alloc_found_block(b, p, cb.size, cb.size);
+    return b;
   }
 
   // --- pools

@@ -3,11 +3,12 @@
 // asks PyTorch's allocator keeps working: torch.cuda.memory_stats / memory_summary /
 // max_memory_reserved / empty_cache / set_per_process_memory_fraction, snapshots and memory
 // history, cudnn.benchmark's cacheInfo, ProcessGroupNCCL's segment registration (trace trackers),
-// CUDA-graph private pools, torch.cuda.MemPool / use_mem_pool (nested too) with use_on_oom and
-// no_split, torch.cuda.caching_allocator_enable(False), IPC (torch.multiprocessing: cudaMalloc
-// segments as CUDA IPC handles, the VMM policies' pages as PyTorch's expandable-segment handles)
-// and torch.cuda.memory._set_allocator_settings: "expandable_segments:False" around code that
-// needs cudaMalloc memory (set_legacy_segments), the sizing keys as PyTorch applies them
+// CUDA-graph private pools and the checkpoints CUDA-graph trees take of them
+// (torch.compile(mode="reduce-overhead")), torch.cuda.MemPool / use_mem_pool (nested too) with
+// use_on_oom and no_split, torch.cuda.caching_allocator_enable(False), IPC (torch.multiprocessing:
+// cudaMalloc segments as CUDA IPC handles, the VMM policies' pages as PyTorch's expandable-segment
+// handles) and torch.cuda.memory._set_allocator_settings: "expandable_segments:False" around code
+// that needs cudaMalloc memory (set_legacy_segments), the sizing keys as PyTorch applies them
 // (set_run_time_settings).
 //
 //   gpumem::torch::install();                          // before the first CUDA tensor
@@ -232,6 +233,12 @@ struct private_pool {
   std::unique_ptr<device_allocator> allocator;
   int use_count = 1;
   std::function<bool(cudaStream_t)> filter;  // set between beginAllocateToPool and end
+};
+
+// A private pool's checkpoint (getCheckpointState): PyTorch's PrivatePoolState.
+struct pool_checkpoint final : c10_alloc::AllocatorState {
+  mempool_id id{0, 0};
+  allocator_checkpoint<device_allocator::stream_type> layout;
 };
 
 #if GPUMEM_TORCH_AT_LEAST(2, 11)
@@ -932,16 +939,56 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     return cudaMemcpyPeerAsync(dst, dstDevice, src, srcDevice, count, stream);
   }
 
-  std::shared_ptr<c10_alloc::AllocatorState> getCheckpointState(c10::DeviceIndex,
-                                                                mempool_id) override {
-    detail::not_supported("getCheckpointState (CUDA-graph trees' pool checkpointing)",
-                          "gpumem's private pools cannot be checkpointed");
+  /// A live private pool's block layout (CUDA-graph trees take one after each recording):
+  /// setCheckpointPoolState returns the pool to it. Throws c10::Error for a pool gpumem does not
+  /// know or one no longer in use (as PyTorch refuses to checkpoint a freeable pool).
+  std::shared_ptr<c10_alloc::AllocatorState> getCheckpointState(c10::DeviceIndex device,
+                                                                mempool_id id) override {
+    detail::device_state& s = state(device);
+    std::lock_guard<std::mutex> lock(s.pools_mutex);
+    detail::private_pool& p = live_pool(s, id, "getCheckpointState");
+    auto out = std::make_shared<detail::pool_checkpoint>();
+    out->id = id;
+    out->layout = p.allocator->checkpoint();
+    return out;
   }
 
+  /// Returns the checkpointed pool to `as` (caching_allocator::restore, under every policy): what
+  /// is allocated in the pool now is freed (ptrs_freed; the tensors that held it must not free it
+  /// again: CUDA-graph trees swap their deleters), and every block allocated at the checkpoint is
+  /// allocated again at its address, handed back as a DataPtr with gpumem's deleter
+  /// (dataptrs_allocd; one whose DataPtr is dropped without its deleter stays allocated until
+  /// raw_delete). Throws c10::Error for a state gpumem did not make, a pool not in use, or a
+  /// checkpoint the pool no longer fits.
   c10_alloc::CheckpointDelta setCheckpointPoolState(
-      c10::DeviceIndex, std::shared_ptr<c10_alloc::AllocatorState>) override {
-    detail::not_supported("setCheckpointPoolState (CUDA-graph trees' pool checkpointing)",
-                          "gpumem's private pools cannot be checkpointed");
+      c10::DeviceIndex device, std::shared_ptr<c10_alloc::AllocatorState> as) override {
+    const auto cp = std::dynamic_pointer_cast<detail::pool_checkpoint>(as);
+    TORCH_CHECK(cp != nullptr, "gpumem: setCheckpointPoolState of a state that is not from ",
+                "gpumem's getCheckpointState");
+    detail::device_state& s = state(device);
+    checkpoint_delta delta;
+    {
+      std::lock_guard<std::mutex> lock(s.pools_mutex);
+      detail::private_pool& p = live_pool(s, cp->id, "setCheckpointPoolState");
+      try {
+        delta = p.allocator->restore(cp->layout);
+      } catch (const usage_error& e) {
+        TORCH_CHECK(false, e.what());
+      }
+    }
+    c10_alloc::CheckpointDelta out;
+    out.ptrs_freed = delta.freed;
+    for (void* ptr : delta.freed) forget_vmm_export(ptr);
+    if (history_enabled_.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(trace_mutex_);
+      for (void* ptr : delta.freed) contexts_.erase(ptr);
+    }
+    out.dataptrs_allocd.reserve(delta.allocated.size());
+    for (void* ptr : delta.allocated) {
+      out.dataptrs_allocd.emplace_back(ptr, ptr, &detail::raw_delete,
+                                       c10::Device(c10::DeviceType::CUDA, device));
+    }
+    return out;
   }
 
   std::string name() override {
@@ -1231,6 +1278,16 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     std::lock_guard<std::mutex> lock(s.use_on_oom_mutex);
     s.use_on_oom.erase(std::remove(s.use_on_oom.begin(), s.use_on_oom.end(), p),
                        s.use_on_oom.end());
+  }
+
+  // Pool `id`, which must be known and in use, for `what`. Call with s.pools_mutex held.
+  static detail::private_pool& live_pool(detail::device_state& s, const mempool_id& id,
+                                         const char* what) {
+    detail::private_pool* p = find_pool(s, id);
+    TORCH_CHECK(p != nullptr, "gpumem: ", what, ": no pool (", id.first, ", ", id.second, ")");
+    TORCH_CHECK(p->use_count > 0, "gpumem: ", what, ": pool (", id.first, ", ", id.second,
+                ") is no longer in use");
+    return *p;
   }
 
   static detail::private_pool* find_pool(detail::device_state& s, const mempool_id& id) {
