@@ -64,6 +64,7 @@ class allocator_invariants {
 
   /// Throws std::logic_error naming the first violation. O(blocks + pages).
   static void check(const allocator_state<Device>& a) {
+    check_capture(a);
     pool_counters::recount rc{};
     std::int64_t oversize_allocs = 0;
     std::int64_t oversize_segs = 0;
@@ -173,7 +174,6 @@ class allocator_invariants {
     a.counts.check(rc);
     if (a.stats.oversize_allocations.current != oversize_allocs) fail("oversize_allocations");
     if (a.stats.oversize_segments.current != oversize_segs) fail("oversize_segments");
-    check_capture(a);
   }
 
  private:
