@@ -5,11 +5,14 @@
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "gpumem/core/detail/allocator_invariants.hpp"
 #include "support/sim.hpp"
 
 namespace {
@@ -175,6 +178,37 @@ TYPED_TEST(AllocatorInvariants, EverythingAtOnce) {
   this->run_many(
       "max_split_size_mb:32,max_non_split_rounding_mb:64,roundup_power2_divisions:[64:8,256:4,>:1],"
       "per_process_memory_fraction:0.9,garbage_collection_threshold:0.7");
+}
+
+// The capture invariant, on a state built by hand: free markers exist only while a capture is
+// under way, and only an allocator's own bug could give them to a block that is not deferred.
+TEST(AllocatorInvariantChecker, ABlockWithCaptureFreeMarkersMustBeDeferred) {
+  using device = gpumem::simulated_device;
+  using stream_type = device::stream_type;
+  using block_type = gpumem::detail::block<stream_type>;
+  using graph_node = gpumem::detail::capture_graph_node<device>::type;
+  simulated_device dev{device_options(GiB)};
+  const std::vector<std::unique_ptr<gpumem::detail::stream_pools<stream_type>>> pools;
+  const gpumem::detail::pointer_map<block_type> allocated;
+  const gpumem::detail::pool_counters counts;
+  const gpumem::device_stats stats;
+  const gpumem::detail::pages_for<device> pages(dev);
+  block_type freed;
+  std::vector<block_type*> deferred;
+  const std::unordered_map<block_type*, std::vector<graph_node>> markers{{&freed, {}}};
+  const auto check = [&] {
+    gpumem::detail::allocator_invariants<device>::check(
+        {nullptr, pools, allocated, counts, stats, pages, deferred, markers});
+  };
+  try {
+    check();
+    ADD_FAILURE() << "free markers of a block that is not deferred were not caught";
+  } catch (const std::logic_error& e) {
+    EXPECT_STREQ(e.what(),
+                 "gpumem invariant violated: a block with capture free markers is not deferred");
+  }
+  deferred.push_back(&freed);
+  EXPECT_NO_THROW(check());
 }
 
 }  // namespace

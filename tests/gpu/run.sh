@@ -179,7 +179,7 @@ timeout "$(budget 60 90)" "${configure[@]}"
 configure_rc=$?
 set -e
 if ((configure_rc != 0)); then
-  record "configure" "FAILED (exit status $configure_rc; are libfmt-dev and libgtest-dev installed?)"
+  record "configure" "FAILED (exit status $configure_rc; are libfmt-dev, nlohmann-json3-dev and libgtest-dev installed?)"
 elif ((${#GPU_TARGETS[@]} == 0)); then
   configured=1
   record "configure" "ok"

@@ -94,6 +94,73 @@ GPUMEM_REPLAY_PEER="$work/no-such-peer" run 2 "$work/survivor.trace" --allocator
 expect_in "$err" "needs gpumem-replay-peer.*not found.*tools/setup_torch.sh" "missing peer"
 GPUMEM_REPLAY_PEER="$work/no-such-peer" run 2 "$work/survivor.trace" --allocator cub
 expect_in "$err" "needs gpumem-replay-peer.*not found" "missing peer (cub)"
+
+# A peer's record that gpumem-replay cannot use is an error naming what is wrong, not figures
+# taken as 0. The stand-in peer (GPUMEM_REPLAY_PEER) prints $work/record for every replay.
+cat >"$work/fake-peer" <<EOF
+#!/usr/bin/env bash
+if [[ \$1 == --list ]]; then echo cub; exit 0; fi
+cat "$work/record"
+EOF
+chmod +x "$work/fake-peer"
+peer_record() {  # peer_record [KEY=PYTHON_VALUE|KEY=DELETE...]: a complete record, fields changed
+  python3 - "$@" >"$work/record" <<'PY'
+import json, sys
+calls = ["malloc", "free", "mem_get_info", "event_create", "event_destroy", "event_record",
+         "event_query", "event_synchronize", "device_synchronize", "stream_create",
+         "stream_destroy", "address_reserve", "address_free", "mem_create", "mem_release",
+         "mem_map", "mem_unmap", "set_access", "stream_wait_event"]
+r = {"config": "", "allocator": "cub", "policy": "stand-in", "completed": True,
+     "oom_event_index": None, "oom_message": None, "oom_request_bytes": 0,
+     "events_replayed": 7, "peak_requested_bytes": 73400320, "peak_allocated_bytes": 73400320,
+     "peak_reserved_bytes": 136314880, "replay_seconds": 0.001, "stand_in": [1, {"a": "b"}]}
+r.update({"calls_" + c: 0 for c in calls})
+for arg in sys.argv[1:]:
+    key, value = arg.split("=", 1)
+    if value == "DELETE":
+        del r[key]
+    else:
+        r[key] = eval(value)
+print(json.dumps(r))
+PY
+}
+peer_record
+GPUMEM_REPLAY_PEER="$work/fake-peer" run 0 "$work/survivor.trace" --allocator cub --json
+python3 - "$work/out" <<'PY' || fail "a peer's record read back"
+import json, sys
+r = json.load(open(sys.argv[1]))[0]
+assert r["policy"] == "stand-in" and r["peak_reserved_bytes"] == 136314880, r
+assert r["stand_in"] == [1, {"a": "b"}], r["stand_in"]  # the peer's own fields, as it wrote them
+PY
+peer_error() {  # peer_error PATTERN WHAT: gpumem-replay fails on $work/record, saying PATTERN
+  GPUMEM_REPLAY_PEER="$work/fake-peer" run 1 "$work/survivor.trace" --allocator cub
+  expect_in "$err" "gpumem-replay-peer \(--allocator cub, config \"\"\) $1" "$2"
+}
+printf 'Segmentation fault\n' >"$work/record"
+peer_error "printed no readable JSON record \(parse error at line 1, column 1" "peer record not JSON"
+printf '{"policy": "cut short", "completed": tr' >"$work/record"
+peer_error "printed no readable JSON record \(parse error" "peer record cut short"
+printf '[1, 2]\n' >"$work/record"
+peer_error "printed a JSON array, not the record object" "peer record not an object"
+peer_record peak_reserved_bytes=DELETE
+peer_error "printed a record without \"peak_reserved_bytes\"" "peer record missing a figure"
+peer_record completed='"yes"'
+peer_error "printed \"completed\": \"yes\" in its record, expected true or false" "peer flag"
+peer_record peak_reserved_bytes=-1
+peer_error "printed \"peak_reserved_bytes\": -1 in its record, expected a count" "peer count"
+peer_record calls_mem_map=1.5
+peer_error "printed \"calls_mem_map\": 1.5 in its record, expected a count" "peer call count"
+peer_record completed=False oom_event_index=None
+peer_error "printed \"oom_event_index\": null in its record, expected a count" "peer OOM index"
+
+# --json stays valid JSON when a path is not UTF-8: its bad bytes are written as U+FFFD.
+cp "$work/survivor.trace" "$work/bad"$'\xff'".trace"
+run 0 "$work/bad"$'\xff'".trace" --device-memory 100MiB --config policy:stitch --json
+python3 - "$work/out" <<'PY' || fail "--json with a path that is not UTF-8"
+import json, sys
+r = json.loads(open(sys.argv[1], "rb").read().decode("utf-8"))[0]
+assert r["trace"].endswith("bad\ufffd.trace"), r["trace"]
+PY
 run 0 "$work/survivor.trace" --device-memory 100MiB --allocator gpumem --config policy:classic
 expect_in "$out" "allocator gpumem, policy classic" "--allocator gpumem is the default"
 

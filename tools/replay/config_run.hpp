@@ -5,11 +5,11 @@
 #include <cstddef>
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "gpumem/config.hpp"
 #include "gpumem/trace/replay.hpp"
+#include "json_text.hpp"
 
 namespace gpumem_replay {
 
@@ -20,10 +20,10 @@ struct config_run {
   gpumem::replay_result result;
   std::optional<std::size_t> min_device_memory;
   bool min_searched = false;
-  /// A peer's replay (--allocator pytorch|cub): no simulated time; every field it printed, in
-  /// order (key, JSON value), for --json.
+  /// A peer's replay (--allocator pytorch|cub): no simulated time; the record it printed (a JSON
+  /// object, keys in its order), whose fields --json carries too.
   bool peer = false;
-  std::vector<std::pair<std::string, std::string>> peer_fields;
+  json peer_fields = json::object();
   /// Out of memory: configurations close to this one that the replay shows would complete
   /// (max_split_size_mb found by trying, expandable segments, stitch).
   std::vector<std::string> completes_with;

@@ -126,8 +126,8 @@ void fit_options_to_trace(options& o, const gpumem::allocation_trace& trace) {
 }
 
 /// One input (o.trace_path, o.snapshot_device): read, replayed under each configuration, and its
-/// results printed, or handed back to run_all (json_objects, collected) when not null.
-int run(options o, std::vector<std::string>* json_objects, std::vector<replayed_input>* collected) {
+/// results printed, or handed back to run_all (json_records, collected) when not null.
+int run(options o, std::vector<json>* json_records_out, std::vector<replayed_input>* collected) {
   const bool peer = o.allocator != "gpumem";
   const std::string peer_file = peer ? peer_path() : std::string();
   if (peer) check_peer(o, peer_file);
@@ -177,7 +177,12 @@ int run(options o, std::vector<std::string>* json_objects, std::vector<replayed_
     collected->push_back({std::move(label), runs, o.device_memory, compiled.recorded_oom_event});
   }
   if (o.json) {
-    print_json(o, runs, compiled, trace, json_objects);
+    std::vector<json> records = json_records(o, runs, compiled, trace);
+    if (json_records_out == nullptr) {
+      print_json_array(records);
+    } else {
+      std::move(records.begin(), records.end(), std::back_inserter(*json_records_out));
+    }
   } else if (runs.size() == 1 && !o.compare) {
     print_detail(o, runs.front(), compiled);
   } else {
@@ -231,7 +236,7 @@ int run_all(const options& given) {
     o.snapshot_device = inputs.front().second;
     return run(o, nullptr, nullptr);
   }
-  std::vector<std::string> json_objects;
+  std::vector<json> records;
   std::vector<replayed_input> collected;
   int status = 0;
   for (const auto& [path, device] : inputs) {
@@ -243,7 +248,7 @@ int run_all(const options& given) {
                  given.all_devices ? fmt::format(", device {}", device) : std::string());
     }
     try {
-      status = std::max(status, run(o, given.json ? &json_objects : nullptr, &collected));
+      status = std::max(status, run(o, given.json ? &records : nullptr, &collected));
     } catch (const std::system_error& e) {
       std::fprintf(stderr, "gpumem-replay: %s\n", gpumem::detail::printable(e.what()).c_str());
       status = 1;
@@ -259,11 +264,7 @@ int run_all(const options& given) {
     if (!given.json) fmt::print("\n");
   }
   if (given.json) {
-    fmt::print("[\n");
-    for (std::size_t i = 0; i < json_objects.size(); ++i) {
-      fmt::print("{}{}\n", json_objects[i], i + 1 < json_objects.size() ? "," : "");
-    }
-    fmt::print("]\n");
+    print_json_array(records);
   } else if (!collected.empty()) {
     print_summary(given, collected, inputs.size());
   }

@@ -3,8 +3,10 @@
 #include "output.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
-#include <map>
+#include <cstdlib>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -162,13 +164,19 @@ void print_detail(const options& o, const config_run& run, const gpumem::compile
     print_steps(r);
   }
   if (run.peer) {  // PyTorch's own statistics, next to the simulator's counts above
-    std::map<std::string, std::string> f(run.peer_fields.begin(), run.peer_fields.end());
-    if (f.count("pytorch_reserved_peak_bytes") != 0) {
+    const json& f = run.peer_fields;
+    const auto figure = [&](const char* key) {
+      const auto it = f.find(key);
+      return it == f.end() ? std::string("?") : json_line(*it);
+    };
+    if (const auto peak = f.find("pytorch_reserved_peak_bytes");
+        peak != f.end() && peak->is_number_unsigned()) {
       fmt::print(
           "pytorch: its own statistics: reserved peak {}, {} device allocations, {} frees, {} "
           "retries, {} out-of-memory\n",
-          bytes(std::stoull(f["pytorch_reserved_peak_bytes"])), f["pytorch_num_device_alloc"],
-          f["pytorch_num_device_free"], f["pytorch_num_alloc_retries"], f["pytorch_num_ooms"]);
+          bytes(peak->get<std::uint64_t>()), figure("pytorch_num_device_alloc"),
+          figure("pytorch_num_device_free"), figure("pytorch_num_alloc_retries"),
+          figure("pytorch_num_ooms"));
     }
   }
   if (o.costs && !run.peer) {
@@ -261,94 +269,97 @@ void print_table(const options& o, const std::vector<config_run>& runs,
   }
 }
 
-void print_json(const options& o, const std::vector<config_run>& runs,
-                const gpumem::compiled_trace& c, const gpumem::allocation_trace& t,
-                std::vector<std::string>* json_objects) {
-  if (json_objects == nullptr) fmt::print("[\n");
-  for (std::size_t i = 0; i < runs.size(); ++i) {
-    const config_run& run = runs[i];
-    const gpumem::replay_result& r = run.result;
-    std::string obj = "  {";
-    auto field = [&](std::string_view key, const std::string& v) {
-      if (obj.size() > 3) obj += ", ";
-      obj += fmt::format("\"{}\": {}", key, v);
+namespace {
+
+// `x` as printed with `decimals` decimals: the records carry rounded figures, so that two
+// versions of the tool compare equal.
+double rounded(double x, int decimals) {
+  return std::strtod(fmt::format("{:.{}f}", x, decimals).c_str(), nullptr);
+}
+
+json optional_number(const std::optional<std::size_t>& v) {
+  return v ? json(*v) : json(nullptr);
+}
+
+json record_of(const options& o, const config_run& run, const gpumem::compiled_trace& c,
+               const gpumem::allocation_trace& t) {
+  const gpumem::replay_result& r = run.result;
+  json j;
+  j["config"] = run.text;
+  j["allocator"] = o.allocator;
+  j["policy"] = r.policy;
+  j["trace"] = o.trace_path;
+  if (t.source == "pytorch-snapshot") j["snapshot_device"] = o.snapshot_device;
+  j["device_memory_bytes"] = o.device_memory;
+  j["completed"] = r.completed;
+  j["oom_event_index"] = optional_number(r.oom_event_index);
+  j["recorded_oom_event"] = optional_number(c.recorded_oom_event);
+  j["oom_message"] = r.completed ? json(nullptr) : json(r.oom_message);
+  j["events"] = c.ops.size();
+  j["events_replayed"] = r.events_replayed;
+  j["peak_requested_bytes"] = r.peak_requested;
+  j["peak_allocated_bytes"] = r.peak_allocated;
+  j["peak_reserved_bytes"] = r.peak_reserved;
+  j["reserved_over_requested"] =
+      r.peak_requested == 0
+          ? json(nullptr)
+          : json(rounded(
+                static_cast<double>(r.peak_reserved) / static_cast<double>(r.peak_requested), 6));
+  j["recorded_peak_reserved_bytes"] = optional_number(c.recorded_peak_reserved);
+  j["recorded_initial_reserved_bytes"] = optional_number(t.recorded_initial_reserved);
+  j["recorded_segment_allocs"] = c.recorded_segment_allocs;
+  j["recorded_segment_frees"] = c.recorded_segment_frees;
+  j["initial_events"] = c.initial_events;
+  j["device_alloc_calls"] = r.device_alloc_calls();
+  j["device_free_calls"] = r.device_free_calls();
+  j["device_calls"] = r.calls.total();
+  if (run.peer) {
+    // (the peer's record carries its own counts)
+  } else if (o.steps == 0) {
+    j["host_synchronizations"] = r.calls.host_synchronizations();
+  } else {
+    auto per_step = [&](auto figure) {
+      json list = json::array();
+      for (const gpumem::step_figures& f : r.steps) list.push_back(figure(f));
+      return list;
     };
-    auto optional_number = [](const auto& v) {
-      return v ? fmt::format("{}", *v) : std::string("null");
-    };
-    field("config", json_string(run.text));
-    field("allocator", json_string(o.allocator));
-    field("policy", json_string(r.policy));
-    field("trace", json_string(o.trace_path));
-    if (t.source == "pytorch-snapshot") field("snapshot_device", std::to_string(o.snapshot_device));
-    field("device_memory_bytes", std::to_string(o.device_memory));
-    field("completed", r.completed ? "true" : "false");
-    field("oom_event_index", optional_number(r.oom_event_index));
-    field("recorded_oom_event", optional_number(c.recorded_oom_event));
-    field("oom_message", r.completed ? "null" : json_string(r.oom_message));
-    field("events", std::to_string(c.ops.size()));
-    field("events_replayed", std::to_string(r.events_replayed));
-    field("peak_requested_bytes", std::to_string(r.peak_requested));
-    field("peak_allocated_bytes", std::to_string(r.peak_allocated));
-    field("peak_reserved_bytes", std::to_string(r.peak_reserved));
-    field("reserved_over_requested",
-          r.peak_requested == 0 ? "null"
-                                : fmt::format("{:.6f}", static_cast<double>(r.peak_reserved) /
-                                                            static_cast<double>(r.peak_requested)));
-    field("recorded_peak_reserved_bytes", optional_number(c.recorded_peak_reserved));
-    field("recorded_initial_reserved_bytes", optional_number(t.recorded_initial_reserved));
-    field("recorded_segment_allocs", std::to_string(c.recorded_segment_allocs));
-    field("recorded_segment_frees", std::to_string(c.recorded_segment_frees));
-    field("initial_events", std::to_string(c.initial_events));
-    field("device_alloc_calls", std::to_string(r.device_alloc_calls()));
-    field("device_free_calls", std::to_string(r.device_free_calls()));
-    field("device_calls", std::to_string(r.calls.total()));
-    if (run.peer) {
-      // (the peer's JSON carries its own counts)
-    } else if (o.steps == 0) {
-      field("host_synchronizations", std::to_string(r.calls.host_synchronizations()));
-    } else {
-      auto per_step = [&](auto figure) {
-        std::string list = "[";
-        for (const gpumem::step_figures& f : r.steps) {
-          list += (list.size() > 1 ? ", " : "") + std::to_string(figure(f));
-        }
-        return list + "]";
-      };
-      field("steps", std::to_string(o.steps));
-      field("oom_step", r.completed ? "null" : std::to_string(r.oom_step + 1));
-      field("device_calls_per_step",
-            per_step([](const gpumem::step_figures& f) { return f.device_calls(); }));
-      field("host_synchronizations_per_step",
-            per_step([](const gpumem::step_figures& f) { return f.host_synchronizations(); }));
-      field("stream_waits_per_step",
-            per_step([](const gpumem::step_figures& f) { return f.stream_waits(); }));
-    }
-    field("simulated_device_seconds",
-          run.peer ? std::string("null") : fmt::format("{:.9f}", r.simulated_seconds));
-    field("replay_seconds", fmt::format("{:.6f}", r.wall_seconds));
-    field("events_per_second", fmt::format("{:.0f}", r.events_per_second()));
-    if (o.find_min_memory) field("min_device_memory_bytes", optional_number(run.min_device_memory));
-    if (run.text == "recorded") field("recorded_config", json_string(run.effective));
-    if (!run.peer) {
-      std::string list = "[";
-      for (const std::string& x : run.completes_with) {
-        list += (list.size() > 1 ? ", " : "") + json_string(x);
-      }
-      field("completes_with", list + "]");
-    }
-    // What only a peer reports (its own statistics, the simulator's counts by call).
-    for (const auto& [key, value] : run.peer_fields) {
-      if (obj.find("\"" + key + "\": ") == std::string::npos) field(key, value);
-    }
-    obj += "}";
-    if (json_objects != nullptr) {
-      json_objects->push_back(std::move(obj));
-    } else {
-      fmt::print("{}{}\n", obj, i + 1 < runs.size() ? "," : "");
-    }
+    j["steps"] = o.steps;
+    j["oom_step"] = r.completed ? json(nullptr) : json(r.oom_step + 1);
+    j["device_calls_per_step"] =
+        per_step([](const gpumem::step_figures& f) { return f.device_calls(); });
+    j["host_synchronizations_per_step"] =
+        per_step([](const gpumem::step_figures& f) { return f.host_synchronizations(); });
+    j["stream_waits_per_step"] =
+        per_step([](const gpumem::step_figures& f) { return f.stream_waits(); });
   }
-  if (json_objects == nullptr) fmt::print("]\n");
+  j["simulated_device_seconds"] = run.peer ? json(nullptr) : json(rounded(r.simulated_seconds, 9));
+  j["replay_seconds"] = rounded(r.wall_seconds, 6);
+  j["events_per_second"] = std::llround(r.events_per_second());
+  if (o.find_min_memory) j["min_device_memory_bytes"] = optional_number(run.min_device_memory);
+  if (run.text == "recorded") j["recorded_config"] = run.effective;
+  if (!run.peer) j["completes_with"] = run.completes_with;
+  // What only a peer reports (its own statistics, the simulator's counts by call).
+  for (auto it = run.peer_fields.begin(); it != run.peer_fields.end(); ++it) {
+    if (!j.contains(it.key())) j[it.key()] = it.value();
+  }
+  return j;
+}
+
+}  // namespace
+
+std::vector<json> json_records(const options& o, const std::vector<config_run>& runs,
+                               const gpumem::compiled_trace& c, const gpumem::allocation_trace& t) {
+  std::vector<json> records;
+  for (const config_run& run : runs) records.push_back(record_of(o, run, c, t));
+  return records;
+}
+
+void print_json_array(const std::vector<json>& records) {
+  fmt::print("[\n");
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    fmt::print("  {}{}\n", json_line(records[i]), i + 1 < records.size() ? "," : "");
+  }
+  fmt::print("]\n");
 }
 
 void print_summary(const options& o, std::vector<replayed_input> inputs, std::size_t given) {

@@ -10,6 +10,7 @@
 #include "config_run.hpp"
 #include "gpumem/trace/event.hpp"
 #include "gpumem/trace/replay.hpp"
+#include "json_text.hpp"
 #include "options.hpp"
 
 namespace gpumem_replay {
@@ -31,11 +32,13 @@ void print_detail(const options& o, const config_run& run, const gpumem::compile
 void print_table(const options& o, const std::vector<config_run>& runs,
                  const gpumem::compiled_trace& c);
 
-/// A JSON object per configuration: printed as an array, or with `json_objects` handed back
-/// there (several inputs: run_all prints one array of every input's objects).
-void print_json(const options& o, const std::vector<config_run>& runs,
-                const gpumem::compiled_trace& c, const gpumem::allocation_trace& t,
-                std::vector<std::string>* json_objects);
+/// The JSON record of each configuration (README.md, "--json"): nlohmann-json objects, keys in
+/// the order printed.
+std::vector<json> json_records(const options& o, const std::vector<config_run>& runs,
+                               const gpumem::compiled_trace& c, const gpumem::allocation_trace& t);
+
+/// Records as one JSON array on standard output, a record per line.
+void print_json_array(const std::vector<json>& records);
 
 /// Several inputs: a row per input and configuration, the inputs worst first (out of memory,
 /// then the highest minimum device, the least headroom, the highest peak reserved), then the

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -101,10 +102,11 @@ void write_timeline(const options& o, const std::vector<config_run>& runs,
   const bool csv = o.timeline_path.size() > 4 &&
                    o.timeline_path.compare(o.timeline_path.size() - 4, 4, ".csv") == 0;
   const std::size_t n = c.ops.size();
-  auto time_of = [&](std::uint64_t event) -> std::string {
-    if (c.time_us.empty() || n == 0) return {};
+  auto time_of = [&](std::uint64_t event) -> std::optional<std::int64_t> {
+    if (c.time_us.empty() || n == 0) return std::nullopt;
     const std::int64_t t = c.time_us[static_cast<std::size_t>(event % n)];
-    return t == gpumem::no_time ? std::string() : std::to_string(t);
+    if (t == gpumem::no_time) return std::nullopt;
+    return t;
   };
   if (csv) {
     out << "config,policy,event,requested_bytes,allocated_bytes,reserved_bytes,time_us\n";
@@ -114,8 +116,10 @@ void write_timeline(const options& o, const std::vector<config_run>& runs,
       for (char ch : run.text) label += ch == '"' ? std::string("\"\"") : std::string(1, ch);
       label += "\"";
       for (const gpumem::replay_sample& s : run.result.samples) {
+        const std::optional<std::int64_t> t = time_of(s.event_index);
         out << label << ',' << run.result.policy << ',' << s.event_index << ',' << s.requested
-            << ',' << s.allocated << ',' << s.reserved << ',' << time_of(s.event_index) << '\n';
+            << ',' << s.allocated << ',' << s.reserved << ','
+            << (t ? std::to_string(*t) : std::string()) << '\n';
       }
     }
   } else {
@@ -123,31 +127,26 @@ void write_timeline(const options& o, const std::vector<config_run>& runs,
     for (std::size_t i = 0; i < runs.size(); ++i) {
       const config_run& run = runs[i];
       auto column = [&](auto field) {
-        std::string list = "[";
-        for (const gpumem::replay_sample& s : run.result.samples) {
-          if (list.size() > 1) list += ",";
-          list += field(s);
-        }
-        return list + "]";
+        json list = json::array();
+        for (const gpumem::replay_sample& s : run.result.samples) list.push_back(field(s));
+        return list;
       };
-      const bool timed = !c.time_us.empty();
-      out << "  {\"config\": " << json_string(run.text)
-          << ", \"policy\": " << json_string(run.result.policy)
-          << ", \"completed\": " << (run.result.completed ? "true" : "false") << ",\n   \"event\": "
-          << column([](const gpumem::replay_sample& s) { return std::to_string(s.event_index); })
-          << ",\n   \"requested_bytes\": "
-          << column([](const gpumem::replay_sample& s) { return std::to_string(s.requested); })
-          << ",\n   \"allocated_bytes\": "
-          << column([](const gpumem::replay_sample& s) { return std::to_string(s.allocated); })
-          << ",\n   \"reserved_bytes\": "
-          << column([](const gpumem::replay_sample& s) { return std::to_string(s.reserved); })
-          << ",\n   \"time_us\": "
-          << (timed ? column([&](const gpumem::replay_sample& s) {
-               const std::string t = time_of(s.event_index);
-               return t.empty() ? std::string("null") : t;
-             })
-                    : std::string("null"))
-          << "}" << (i + 1 < runs.size() ? "," : "") << "\n";
+      json record;
+      record["config"] = run.text;
+      record["policy"] = run.result.policy;
+      record["completed"] = run.result.completed;
+      record["event"] = column([](const gpumem::replay_sample& s) { return s.event_index; });
+      record["requested_bytes"] =
+          column([](const gpumem::replay_sample& s) { return s.requested; });
+      record["allocated_bytes"] =
+          column([](const gpumem::replay_sample& s) { return s.allocated; });
+      record["reserved_bytes"] = column([](const gpumem::replay_sample& s) { return s.reserved; });
+      record["time_us"] =
+          c.time_us.empty() ? json(nullptr) : column([&](const gpumem::replay_sample& s) {
+            const std::optional<std::int64_t> t = time_of(s.event_index);
+            return t ? json(*t) : json(nullptr);
+          });
+      out << "  " << json_line(record) << (i + 1 < runs.size() ? "," : "") << "\n";
     }
     out << "]\n";
   }

@@ -10,7 +10,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -21,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "gpumem/trace/replay.hpp"
+#include "json_text.hpp"
 
 extern char** environ;
 
@@ -114,91 +114,67 @@ std::string peer_message(std::string err) {
   return err;
 }
 
-/// The fields of one flat JSON object (string, number, true, false, null values), raw.
-std::vector<std::pair<std::string, std::string>> parse_flat_json(std::string_view text) {
-  std::vector<std::pair<std::string, std::string>> fields;
-  std::size_t i = 0;
-  auto bad = [&]() -> std::runtime_error {
-    return std::runtime_error(fmt::format("unreadable output of {} near offset {}", peer_name, i));
-  };
-  auto skip_space = [&] {
-    while (i < text.size() &&
-           (text[i] == ' ' || text[i] == '\n' || text[i] == '\r' || text[i] == '\t')) {
-      ++i;
+/// The peer's record (one JSON object), with typed access to the fields gpumem-replay reads: a
+/// record that is not JSON, not an object, or lacks a field or gives it another type is an error
+/// naming the field, not a figure quietly taken as 0.
+class peer_record {
+ public:
+  peer_record(const std::string& text, std::string who) : who_(std::move(who)) {
+    try {
+      fields_ = json::parse(text);
+    } catch (const json::parse_error& e) {
+      fail(fmt::format("printed no readable JSON record ({})", what_of(e)));
     }
-  };
-  auto raw_string = [&]() {  // from the opening quote to after the closing one
-    const std::size_t start = i++;
-    while (i < text.size() && text[i] != '"') i += text[i] == '\\' ? 2 : 1;
-    if (i >= text.size()) throw bad();
-    ++i;
-    return std::string(text.substr(start, i - start));
-  };
-  skip_space();
-  if (i >= text.size() || text[i] != '{') throw bad();
-  ++i;
-  for (;;) {
-    skip_space();
-    if (i < text.size() && text[i] == '}') break;
-    if (i >= text.size() || text[i] != '"') throw bad();
-    std::string key = raw_string();
-    key = key.substr(1, key.size() - 2);
-    skip_space();
-    if (i >= text.size() || text[i] != ':') throw bad();
-    ++i;
-    skip_space();
-    std::string value;
-    if (i < text.size() && text[i] == '"') {
-      value = raw_string();
-    } else {
-      const std::size_t start = i;
-      while (i < text.size() && text[i] != ',' && text[i] != '}' && text[i] != ' ') ++i;
-      value = std::string(text.substr(start, i - start));
-      if (value.empty()) throw bad();
+    if (!fields_.is_object()) {
+      fail(fmt::format("printed a JSON {}, not the record object", fields_.type_name()));
     }
-    fields.emplace_back(std::move(key), std::move(value));
-    skip_space();
-    if (i < text.size() && text[i] == ',') {
-      ++i;
-      continue;
-    }
-    if (i < text.size() && text[i] == '}') break;
-    throw bad();
   }
-  return fields;
-}
 
-/// A JSON string literal's text (the escapes json_string and the peer write).
-std::string json_unquote(std::string_view raw) {
-  std::string out;
-  for (std::size_t i = 1; i + 1 < raw.size(); ++i) {
-    if (raw[i] != '\\' || i + 2 >= raw.size()) {
-      out += raw[i];
-      continue;
-    }
-    const char c = raw[++i];
-    switch (c) {
-      case 'n':
-        out += '\n';
-        break;
-      case 'r':
-        out += '\r';
-        break;
-      case 't':
-        out += '\t';
-        break;
-      case 'u':
-        if (i + 4 < raw.size()) {
-          out += static_cast<char>(std::stoi(std::string(raw.substr(i + 1, 4)), nullptr, 16));
-          i += 4;
-        }
-        break;
-      default:
-        out += c;
-    }
+  const json& fields() const { return fields_; }
+
+  bool flag(const char* key) const {
+    const json& v = at(key);
+    if (!v.is_boolean()) wrong(key, v, "true or false");
+    return v.get<bool>();
   }
-  return out;
-}
+  std::string text(const char* key) const {
+    const json& v = at(key);
+    if (!v.is_string()) wrong(key, v, "a string");
+    return v.get<std::string>();
+  }
+  std::uint64_t count(const std::string& key) const {
+    const json& v = at(key);
+    if (!v.is_number_unsigned()) wrong(key, v, "a count (an integer, 0 or more)");
+    return v.get<std::uint64_t>();
+  }
+  double seconds(const char* key) const {
+    const json& v = at(key);
+    if (!v.is_number() || v.get<double>() < 0) wrong(key, v, "seconds (a number, 0 or more)");
+    return v.get<double>();
+  }
+
+ private:
+  // nlohmann-json's message without its "[json.exception.parse_error.101] " tag.
+  static std::string what_of(const json::exception& e) {
+    const std::string_view w = e.what();
+    const std::size_t tag_end = w.find("] ");
+    return std::string(tag_end == std::string_view::npos ? w : w.substr(tag_end + 2));
+  }
+  [[noreturn]] void fail(const std::string& why) const {
+    throw std::runtime_error(fmt::format("{} {}", who_, why));
+  }
+  const json& at(const std::string& key) const {
+    const auto it = fields_.find(key);
+    if (it == fields_.end()) fail(fmt::format("printed a record without \"{}\"", key));
+    return *it;
+  }
+  [[noreturn]] void wrong(const std::string& key, const json& v, const char* expected) const {
+    fail(fmt::format("printed \"{}\": {} in its record, expected {}", key, json_line(v), expected));
+  }
+
+  std::string who_;
+  json fields_;
+};
 
 }  // namespace
 
@@ -255,31 +231,27 @@ void run_peer(const options& o, const std::string& path, std::size_t device_memo
   }
   if (!child.err.empty()) std::fputs(child.err.c_str(), stderr);  // the allocator's warnings
   run.peer = true;
-  run.peer_fields = parse_flat_json(child.out);
-  std::map<std::string, std::string> f(run.peer_fields.begin(), run.peer_fields.end());
-  auto number = [&](const std::string& key) -> std::uint64_t {
-    const auto it = f.find(key);
-    if (it == f.end() || it->second == "null") return 0;
-    return std::stoull(it->second);
-  };
+  const peer_record record(child.out, fmt::format("{} (--allocator {}, config \"{}\")", peer_name,
+                                                  o.allocator, run.text));
   gpumem::replay_result& r = run.result;
   r = gpumem::replay_result{};
-  r.policy = f.count("policy") != 0 ? json_unquote(f["policy"]) : std::string("?");
-  r.completed = f["completed"] == "true";
+  r.policy = record.text("policy");
+  r.completed = record.flag("completed");
   if (!r.completed) {
-    r.oom_event_index = static_cast<std::size_t>(number("oom_event_index"));
-    r.oom_message = json_unquote(f["oom_message"]);
-    r.oom_request_bytes = number("oom_request_bytes");
+    r.oom_event_index = static_cast<std::size_t>(record.count("oom_event_index"));
+    r.oom_message = record.text("oom_message");
+    r.oom_request_bytes = record.count("oom_request_bytes");
   }
-  r.peak_requested = number("peak_requested_bytes");
-  r.peak_allocated = number("peak_allocated_bytes");
-  r.peak_reserved = number("peak_reserved_bytes");
-  r.events_replayed = static_cast<std::size_t>(number("events_replayed"));
+  r.peak_requested = record.count("peak_requested_bytes");
+  r.peak_allocated = record.count("peak_allocated_bytes");
+  r.peak_reserved = record.count("peak_reserved_bytes");
+  r.events_replayed = static_cast<std::size_t>(record.count("events_replayed"));
   for (gpumem::call_kind k : gpumem::all_call_kinds) {
     r.calls[k] =
-        static_cast<std::size_t>(number(fmt::format("calls_{}", gpumem::call_kind_name(k))));
+        static_cast<std::size_t>(record.count(fmt::format("calls_{}", gpumem::call_kind_name(k))));
   }
-  r.wall_seconds = f.count("replay_seconds") != 0 ? std::stod(f["replay_seconds"]) : 0.0;
+  r.wall_seconds = record.seconds("replay_seconds");
+  run.peer_fields = record.fields();
 }
 
 std::optional<std::size_t> find_min_memory_peer(const options& o, const std::string& path,

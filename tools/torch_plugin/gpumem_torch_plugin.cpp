@@ -98,13 +98,16 @@ std::string memory_stats_json(const gpumem::device_stats& stats) {
 #if GPUMEM_TORCH_AT_LEAST(2, 12)
   return gpumem::to_json(stats);
 #else
-  std::string text = "{";
+  // The writer of gpumem::to_json, so that both spell the object as json.dumps does.
+  gpumem::detail::json_writer w(-1);
+  w.open();
   for (const auto& [key, value] : gpumem::flatten(stats)) {
     if (key == "num_oom_rejections") continue;
-    if (text.size() > 1) text += ", ";
-    text += "\"" + key + "\": " + std::to_string(value);
+    w.key(key);
+    w.value(value);
   }
-  return text + "}";
+  w.close();
+  return w.take();
 #endif
 }
 

@@ -2384,16 +2384,9 @@ class caching_allocator {
   // --- invariants --------------------------------------------------------------------------------
 
   void check_invariants_locked() const {
-    // Every block with free markers is deferred (freed during the capture, not yet in a pool).
-    for (const auto& entry : free_markers_) {
-      if (std::find(deferred_.begin(), deferred_.end(), entry.first) == deferred_.end()) {
-        throw std::logic_error(
-            "gpumem invariant violated: a block with capture free markers is not deferred");
-      }
-    }
     detail::allocator_invariants<Device>::check(detail::allocator_state<Device>{
-        segments_, stream_pools_, allocated_, counts_, stats_, vmm_, reserved_total_,
-        config_.max_split_size, rules_.stitches, !max_split_changed_});
+        segments_, stream_pools_, allocated_, counts_, stats_, vmm_, deferred_, free_markers_,
+        reserved_total_, config_.max_split_size, rules_.stitches, !max_split_changed_});
   }
 
   Device& device_;

@@ -122,11 +122,14 @@ class cub_peer {
 
   std::size_t peak_allocated() const { return peak_allocated_; }
 
-  stat_list own_stats() const {
+  /// Its own statistics: fields added to the peer's record.
+  json own_stats() const {
     const auto& b = alloc_->cached_bytes[device_];
-    return {{"cub_live_bytes", std::to_string(b.live)},
-            {"cub_cached_free_bytes", std::to_string(b.free)},
-            {"record_stream_ignored", std::to_string(record_stream_ignored_)}};
+    json stats;
+    stats["cub_live_bytes"] = b.live;
+    stats["cub_cached_free_bytes"] = b.free;
+    stats["record_stream_ignored"] = record_stream_ignored_;
+    return stats;
   }
 
  private:

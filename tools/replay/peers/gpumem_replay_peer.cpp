@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -55,7 +56,8 @@
 namespace {
 
 using gpumem::peers::alloc_outcome;
-using gpumem::peers::json_string;
+using gpumem_replay::json;
+using gpumem_replay::json_line;
 
 void print_help() {
   std::printf(
@@ -185,18 +187,6 @@ outcome replay(const gpumem::compiled_trace& c, Allocator& a, const sim_counters
   return out;
 }
 
-struct json_object {
-  std::string text = "{";
-  void add(std::string_view key, const std::string& value) {
-    if (text.size() > 1) text += ", ";
-    text += fmt::format("\"{}\": {}", key, value);
-  }
-  template <class T>
-  void number(std::string_view key, T v) {
-    add(key, fmt::format("{}", v));
-  }
-};
-
 template <class Allocator>
 int run(Allocator& a, const std::string& config, const gpumem::compiled_trace& c,
         const std::string& trace_path, const sim_counters& sim) {
@@ -209,45 +199,40 @@ int run(Allocator& a, const std::string& config, const gpumem::compiled_trace& c
   const auto alloc_calls = [](const gpumem::call_counters& k) { return k.malloc + k.mem_create; };
   const auto free_calls = [](const gpumem::call_counters& k) { return k.free + k.mem_release; };
 
-  json_object j;
-  j.add("config", json_string(config));
-  j.add("allocator", json_string(a.name()));
-  j.add("policy", json_string(a.policy()));
-  j.add("trace", json_string(trace_path));
-  j.number("device_memory_bytes", end.total_memory);
-  j.add("completed", r.completed ? "true" : "false");
-  j.add("oom_event_index", r.oom_event ? std::to_string(*r.oom_event) : "null");
-  j.add("oom_message", r.completed ? "null" : json_string(r.oom_message));
-  j.number("oom_request_bytes", r.oom_request);
-  j.number("events", c.ops.size());
-  j.number("events_replayed", r.events_replayed);
-  j.number("initial_events", c.initial_events);
-  j.number("peak_requested_bytes", r.peak_requested);
-  j.number("peak_allocated_bytes", a.peak_allocated());
-  j.number("peak_reserved_bytes", end.peak_bytes_in_use);
-  j.number("reserved_bytes_at_end", end.bytes_in_use);
-  j.number("reserved_bytes_after_initial_events", r.initial_reserved);
-  j.number("device_alloc_calls", alloc_calls(calls));
-  j.number("device_free_calls", free_calls(calls));
-  j.number("device_calls", calls.total());
-  j.number("device_alloc_calls_after_initial_events",
-           alloc_calls(calls) - alloc_calls(r.initial_calls));
-  j.number("device_free_calls_after_initial_events",
-           free_calls(calls) - free_calls(r.initial_calls));
+  json j;
+  j["config"] = config;
+  j["allocator"] = a.name();
+  j["policy"] = a.policy();
+  j["trace"] = trace_path;
+  j["device_memory_bytes"] = end.total_memory;
+  j["completed"] = r.completed;
+  j["oom_event_index"] = r.oom_event ? json(*r.oom_event) : json(nullptr);
+  j["oom_message"] = r.completed ? json(nullptr) : json(r.oom_message);
+  j["oom_request_bytes"] = r.oom_request;
+  j["events"] = c.ops.size();
+  j["events_replayed"] = r.events_replayed;
+  j["initial_events"] = c.initial_events;
+  j["peak_requested_bytes"] = r.peak_requested;
+  j["peak_allocated_bytes"] = a.peak_allocated();
+  j["peak_reserved_bytes"] = end.peak_bytes_in_use;
+  j["reserved_bytes_at_end"] = end.bytes_in_use;
+  j["reserved_bytes_after_initial_events"] = r.initial_reserved;
+  j["device_alloc_calls"] = alloc_calls(calls);
+  j["device_free_calls"] = free_calls(calls);
+  j["device_calls"] = calls.total();
+  j["device_alloc_calls_after_initial_events"] = alloc_calls(calls) - alloc_calls(r.initial_calls);
+  j["device_free_calls_after_initial_events"] = free_calls(calls) - free_calls(r.initial_calls);
   for (gpumem::call_kind k : gpumem::all_call_kinds) {
-    j.number(fmt::format("calls_{}", gpumem::call_kind_name(k)), calls[k]);
+    j[fmt::format("calls_{}", gpumem::call_kind_name(k))] = calls[k];
   }
-  j.number("sim_out_of_memory_calls", end.out_of_memory);
-  j.number("sim_unimplemented_calls", end.unimplemented);
-  j.add("simulated_device_seconds", "null");
-  j.add("replay_seconds", fmt::format("{:.6f}", r.wall_seconds));
-  j.add("events_per_second",
-        fmt::format("{:.0f}", r.wall_seconds > 0
-                                  ? static_cast<double>(r.events_replayed) / r.wall_seconds
-                                  : 0.0));
-  for (const auto& [key, value] : a.own_stats()) j.add(key, value);
-  j.text += "}";
-  std::printf("%s\n", j.text.c_str());
+  j["sim_out_of_memory_calls"] = end.out_of_memory;
+  j["sim_unimplemented_calls"] = end.unimplemented;
+  j["simulated_device_seconds"] = nullptr;
+  j["replay_seconds"] = r.wall_seconds;
+  j["events_per_second"] = std::llround(
+      r.wall_seconds > 0 ? static_cast<double>(r.events_replayed) / r.wall_seconds : 0.0);
+  j.update(a.own_stats());
+  std::printf("%s\n", json_line(j).c_str());
   std::fflush(stdout);
   // The allocators' blocks are still live: leave without running their teardown.
   std::_Exit(0);

@@ -8,7 +8,6 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
-#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -17,7 +16,7 @@
 
 namespace gpumem::peers {
 
-using gpumem_replay::json_string;
+using gpumem_replay::json;
 
 /// A configuration string the allocator does not accept.
 class config_error : public std::runtime_error {
@@ -45,8 +44,5 @@ inline std::vector<cudaStream_t> create_streams(std::size_t n) {
   for (cudaStream_t& s : streams) check_cuda(cudaStreamCreate(&s), "cudaStreamCreate");
   return streams;
 }
-
-/// Extra JSON fields: key and JSON value.
-using stat_list = std::vector<std::pair<std::string, std::string>>;
 
 }  // namespace gpumem::peers

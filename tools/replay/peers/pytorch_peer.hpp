@@ -36,12 +36,12 @@ namespace gpumem::peers {
 
 // DeviceStats::num_oom_rejections exists from torch 2.12 (throw_on_cudamalloc_oom).
 template <class Stats>
-auto append_oom_rejections(stat_list& list, const Stats& s, int)
+auto append_oom_rejections(json& list, const Stats& s, int)
     -> decltype(s.num_oom_rejections, void()) {
-  list.emplace_back("pytorch_num_oom_rejections", std::to_string(s.num_oom_rejections));
+  list["pytorch_num_oom_rejections"] = s.num_oom_rejections;
 }
 template <class Stats>
-void append_oom_rejections(stat_list&, const Stats&, long) {}
+void append_oom_rejections(json&, const Stats&, long) {}
 
 class pytorch_peer {
  public:
@@ -97,19 +97,20 @@ class pytorch_peer {
     return static_cast<std::size_t>(stats().allocated_bytes[aggregate].peak);
   }
 
-  stat_list own_stats() const {
+  /// Its own statistics (PyTorch's DeviceStats): fields added to the peer's record.
+  json own_stats() const {
     const c10::CachingDeviceAllocator::DeviceStats s = stats();
-    stat_list list{
-        {"torch_version", json_string(GPUMEM_TORCH_VERSION)},
-        {"pytorch_reserved_peak_bytes", std::to_string(s.reserved_bytes[aggregate].peak)},
-        {"pytorch_reserved_bytes", std::to_string(s.reserved_bytes[aggregate].current)},
-        {"pytorch_allocated_peak_bytes", std::to_string(s.allocated_bytes[aggregate].peak)},
-        {"pytorch_segments_peak", std::to_string(s.segment[aggregate].peak)},
-        {"pytorch_num_device_alloc", std::to_string(s.num_device_alloc)},
-        {"pytorch_num_device_free", std::to_string(s.num_device_free)},
-        {"pytorch_num_alloc_retries", std::to_string(s.num_alloc_retries)},
-        {"pytorch_num_ooms", std::to_string(s.num_ooms)},
-        {"pytorch_num_sync_all_streams", std::to_string(s.num_sync_all_streams)}};
+    json list;
+    list["torch_version"] = GPUMEM_TORCH_VERSION;
+    list["pytorch_reserved_peak_bytes"] = s.reserved_bytes[aggregate].peak;
+    list["pytorch_reserved_bytes"] = s.reserved_bytes[aggregate].current;
+    list["pytorch_allocated_peak_bytes"] = s.allocated_bytes[aggregate].peak;
+    list["pytorch_segments_peak"] = s.segment[aggregate].peak;
+    list["pytorch_num_device_alloc"] = s.num_device_alloc;
+    list["pytorch_num_device_free"] = s.num_device_free;
+    list["pytorch_num_alloc_retries"] = s.num_alloc_retries;
+    list["pytorch_num_ooms"] = s.num_ooms;
+    list["pytorch_num_sync_all_streams"] = s.num_sync_all_streams;
     append_oom_rejections(list, s, 0);
     return list;
   }

@@ -4,8 +4,9 @@
 // its sets, the stream pools their size classes (pools.hpp), vmm_pages its page table, the
 // counters a recount. This file checks what ties them together — the blocks tile each segment,
 // each block is in the one set its state says, free neighbours are merged, an unmapped or
-// shadowed block agrees with the page table, every statistic equals a recount from the blocks —
-// and calls the components' checks. docs/architecture.md ("Components") lists who checks what.
+// shadowed block agrees with the page table, every statistic equals a recount from the blocks, a
+// block with capture free markers is deferred — and calls the components' checks.
+// docs/architecture.md ("Components") lists who checks what.
 #pragma once
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -41,6 +43,11 @@ struct allocator_state {
   const pool_counters& counts;
   const device_stats& stats;
   const pages_for<Device>& pages;
+  // Captures: the blocks freed during one (waiting for it to end), and the graph nodes of the last
+  // uses of those the graph may order (graph_capture_record_stream_reuse).
+  const std::vector<block<stream_type>*>& deferred;
+  const std::unordered_map<block<stream_type>*,
+                           std::vector<typename capture_graph_node<Device>::type>>& free_markers;
   std::size_t reserved_total = 0;
   std::size_t max_split_size = 0;
   bool stitch = false;
@@ -60,6 +67,7 @@ class allocator_invariants {
 
   /// Throws std::logic_error naming the first violation. O(blocks + pages).
   static void check(const allocator_state<Device>& a) {
+    check_capture(a);
     pool_counters::recount rc{};
     std::int64_t oversize_allocs = 0;
     std::int64_t oversize_segs = 0;
@@ -178,6 +186,15 @@ class allocator_invariants {
   }
 
   static std::int64_t as_i64(std::size_t v) noexcept { return static_cast<std::int64_t>(v); }
+
+  // Every block with capture free markers is deferred: freed during the capture, in no pool yet.
+  static void check_capture(const allocator_state<Device>& a) {
+    for (const auto& entry : a.free_markers) {
+      if (std::find(a.deferred.begin(), a.deferred.end(), entry.first) == a.deferred.end()) {
+        fail("a block with capture free markers is not deferred");
+      }
+    }
+  }
 
   // Stitch: a large allocated block lies in the class pool of its size (not the large pool).
   static bool outside_class_pools(const allocator_state<Device>& a, const block_type* b) {
