@@ -1258,8 +1258,9 @@ TEST_F(Installed, LegacySegmentsLeavePrivatePoolsAndClassicAlone) {
 // --- IPC (torch.multiprocessing) of the VMM policies' memory
 // ------------------------------------------------------------------
 
-// PyTorch's expandable-segment handle: version 2, 'e', {pid, 4 zero bytes, page size, pages}, one
-// int (a file descriptor of the producer) per page.
+// PyTorch's expandable-segment handle: version 2 (torch 2.12 and older) or 3, 'e', {pid, 4 zero
+// bytes, page size, pages}, from version 3 {handle type (1: POSIX file descriptors), 4 padding
+// bytes}, then one int (a file descriptor of the producer) per page.
 struct vmm_handle {
   int version = 0;
   char type = 0;
@@ -1267,8 +1268,12 @@ struct vmm_handle {
   std::uint32_t zero = 0;
   std::uint64_t page_size = 0;
   std::uint64_t pages = 0;
+  std::int32_t handle_type = 0;  // version 3
   std::vector<int> fds;
 };
+
+// The version PyTorch's allocator of the torch under test writes and reads.
+constexpr int pytorchs_vmm_handle_version = GPUMEM_TORCH_AT_LEAST(2, 13) ? 3 : 2;
 
 vmm_handle parse_vmm_handle(const std::string& h) {
   vmm_handle out;
@@ -1282,8 +1287,13 @@ vmm_handle parse_vmm_handle(const std::string& h) {
   std::memcpy(&out.zero, h.data() + 6, 4);
   std::memcpy(&out.page_size, h.data() + 10, 8);
   std::memcpy(&out.pages, h.data() + 18, 8);
-  EXPECT_EQ(h.size(), 26 + 4 * out.pages);
-  for (std::size_t i = 26; i + 4 <= h.size(); i += 4) {
+  std::size_t header = 26;
+  if (out.version == 3) {
+    std::memcpy(&out.handle_type, h.data() + 26, 4);
+    header += 8;
+  }
+  EXPECT_EQ(h.size(), header + 4 * out.pages);
+  for (std::size_t i = header; i + 4 <= h.size(); i += 4) {
     std::int32_t fd = 0;
     std::memcpy(&fd, h.data() + i, 4);
     out.fds.push_back(fd);
@@ -1312,7 +1322,8 @@ struct exported_pages {
 };
 
 std::string make_vmm_handle(int version, std::int32_t pid, std::uint64_t page_size,
-                            const std::vector<int>& fds, std::size_t bytes_per_handle = 4) {
+                            const std::vector<int>& fds, std::size_t bytes_per_handle = 4,
+                            std::int32_t handle_type = 1) {
   std::string h;
   h.push_back(static_cast<char>(version));
   h.push_back('e');
@@ -1322,6 +1333,10 @@ std::string make_vmm_handle(int version, std::int32_t pid, std::uint64_t page_si
   h.append(reinterpret_cast<const char*>(&zero), 4);
   h.append(reinterpret_cast<const char*>(&page_size), 8);
   h.append(reinterpret_cast<const char*>(&pages), 8);
+  if (version >= 3) {
+    h.append(reinterpret_cast<const char*>(&handle_type), 4);
+    h.append(reinterpret_cast<const char*>(&zero), 4);
+  }
   for (const int fd : fds) {
     std::string one(bytes_per_handle, '\0');
     std::memcpy(one.data(), &fd, sizeof fd);
@@ -1353,10 +1368,11 @@ TEST_F(Installed, VmmMemoryIsSharedAsPyTorchsExpandableSegmentHandles) {
     void* p = c10_alloc::raw_alloc(size);
     const c10_alloc::ShareableHandle shared = c10_alloc::shareIpcHandle(p);
     const vmm_handle h = parse_vmm_handle(shared.handle);
-    EXPECT_EQ(h.version, 2);
+    EXPECT_EQ(h.version, pytorchs_vmm_handle_version);
     EXPECT_EQ(h.type, 'e');
     EXPECT_EQ(h.pid, ::getpid());
     EXPECT_EQ(h.zero, 0u);
+    EXPECT_EQ(h.handle_type, h.version == 3 ? 1 : 0);  // 1: POSIX file descriptors
     const std::size_t page = size <= MiB || stitch ? 2 * MiB : 20 * MiB;
     EXPECT_EQ(h.page_size, page);
     ASSERT_GE(shared.offset, 0);
@@ -1402,9 +1418,10 @@ TEST_F(Installed, AnExpandableSegmentHandleAsPyTorchWritesItOpens) {
   exported_pages exported(page, 3);
   const std::vector<int>& fds = exported.fds;
   const gpumemSimCounters before = sim();
-  {
+  for (const int version : {2, 3}) {
+    SCOPED_TRACE(version);
     std::shared_ptr<void> opened =
-        c10_alloc::getIpcDevPtr(make_vmm_handle(2, ::getpid(), page, fds));
+        c10_alloc::getIpcDevPtr(make_vmm_handle(version, ::getpid(), page, fds));
     EXPECT_EQ(sim().live_mappings, before.live_mappings + 3);
     EXPECT_EQ(sim().bytes_in_use, before.bytes_in_use);
     ASSERT_EQ(cudaMemset(opened.get(), 0x11, 3 * page), cudaSuccess);
@@ -1422,13 +1439,19 @@ TEST_F(Installed, AnExpandableSegmentHandleThatCannotBeOpenedSaysWhy) {
   const int fd = producer.export_handle(h);
   const std::int32_t self = ::getpid();
   const gpumemSimCounters before = sim();
-  // torch 2.13's version 3 (it adds the handle type to the header).
-  std::string e = error_of([&] { c10_alloc::getIpcDevPtr(make_vmm_handle(3, self, page, {fd})); });
-  EXPECT_NE(e.find("version 3"), std::string::npos) << e;
+  // A version gpumem does not know.
+  std::string e = error_of([&] { c10_alloc::getIpcDevPtr(make_vmm_handle(4, self, page, {fd})); });
+  EXPECT_NE(e.find("version 4"), std::string::npos) << e;
   EXPECT_NE(e.find("policy:classic"), std::string::npos) << e;
-  // Fabric handles (64 bytes each).
+  // Fabric handles (64 bytes each in version 2; named by the handle type in version 3).
   e = error_of([&] { c10_alloc::getIpcDevPtr(make_vmm_handle(2, self, page, {fd}, 64)); });
   EXPECT_NE(e.find("fabric"), std::string::npos) << e;
+  e = error_of([&] { c10_alloc::getIpcDevPtr(make_vmm_handle(3, self, page, {fd}, 64, 2)); });
+  EXPECT_NE(e.find("fabric"), std::string::npos) << e;
+  EXPECT_NE(e.find("expandable_segments:False"), std::string::npos) << e;
+  // A handle type that version 3 does not define.
+  e = error_of([&] { c10_alloc::getIpcDevPtr(make_vmm_handle(3, self, page, {fd}, 4, 7)); });
+  EXPECT_NE(e.find("handle type 7"), std::string::npos) << e;
   // A producer that has exited.
   const pid_t child = ::fork();
   if (child == 0) ::_exit(0);
@@ -1485,14 +1508,21 @@ bool pytorch_ipc_mode() {
   return env("GPUMEM_TORCH_TEST_MODE") == "pytorch_ipc";
 }
 
+// Starts PyTorch's allocator with POSIX file descriptors as its expandable segments' handle type:
+// from torch 2.13 it otherwise asks the GPU whether it has fabric access first, which needs
+// PyTorch's peer-access cache (set up by torch's Python module, not here).
+void init_pytorchs_allocator() {
+#if GPUMEM_TORCH_AT_LEAST(2, 13)
+  c10_alloc::CUDAAllocatorConfig::set_expandable_segments_handle_type(
+      c10_alloc::Expandable_Segments_Handle_Type::POSIX_FD);
+#endif
+  c10_alloc::init(1);
+}
+
 TEST(PyTorchsAllocator, WritesTheExpandableSegmentLayoutGpumemReads) {
   if (!pytorch_ipc_mode()) GTEST_SKIP() << "runs with GPUMEM_TORCH_TEST_MODE=pytorch_ipc";
-#if GPUMEM_TORCH_AT_LEAST(2, 13)
-  GTEST_SKIP() << "torch 2.13 and newer share expandable segments in a version-3 layout, which "
-                  "gpumem neither writes nor reads (README.md, CUDA IPC)";
-#endif
   ASSERT_EQ(gpumem::torch::installed(), nullptr);
-  c10_alloc::init(1);
+  init_pytorchs_allocator();
   ASSERT_NE(c10_alloc::name(), "gpumem");
   for (const std::size_t size : {std::size_t{4096}, 5 * MiB + 12345}) {
     SCOPED_TRACE(size);
@@ -1500,10 +1530,13 @@ TEST(PyTorchsAllocator, WritesTheExpandableSegmentLayoutGpumemReads) {
     void* p = c10_alloc::raw_alloc(size);
     const c10_alloc::ShareableHandle shared = c10_alloc::shareIpcHandle(p);
     const vmm_handle h = parse_vmm_handle(shared.handle);
-    EXPECT_EQ(h.version, 2);
+    EXPECT_EQ(h.version, pytorchs_vmm_handle_version);
     EXPECT_EQ(h.type, 'e');
     EXPECT_EQ(h.pid, ::getpid());
-    EXPECT_EQ(h.zero, 0u);
+    if (h.version == 2) {
+      EXPECT_EQ(h.zero, 0u);  // torch 2.15 leaves the padding uninitialised
+    }
+    EXPECT_EQ(h.handle_type, h.version == 3 ? 1 : 0);           // 1: POSIX file descriptors
     const std::size_t page = size <= MiB ? 2 * MiB : 20 * MiB;  // gpumem's expandable pages
     EXPECT_EQ(h.page_size, page);
     ASSERT_GE(shared.offset, 0);
@@ -1518,19 +1551,15 @@ TEST(PyTorchsAllocator, WritesTheExpandableSegmentLayoutGpumemReads) {
 
 TEST(PyTorchsAllocator, OpensAnExpandableSegmentHandleLaidOutAsGpumemWritesIt) {
   if (!pytorch_ipc_mode()) GTEST_SKIP() << "runs with GPUMEM_TORCH_TEST_MODE=pytorch_ipc";
-#if GPUMEM_TORCH_AT_LEAST(2, 13)
-  GTEST_SKIP() << "torch 2.13 and newer share expandable segments in a version-3 layout, which "
-                  "gpumem neither writes nor reads (README.md, CUDA IPC)";
-#endif
-  c10_alloc::init(1);
+  init_pytorchs_allocator();
   // Three 2 MiB pages, as stitch shares a block on part of a range.
   const std::size_t page = 2 * MiB;
   exported_pages exported(page, 3);
   const std::vector<int>& fds = exported.fds;
   const gpumemSimCounters before = sim();
   {
-    std::shared_ptr<void> opened =
-        c10_alloc::getIpcDevPtr(make_vmm_handle(2, ::getpid(), page, fds));
+    std::shared_ptr<void> opened = c10_alloc::getIpcDevPtr(
+        make_vmm_handle(pytorchs_vmm_handle_version, ::getpid(), page, fds));
     ASSERT_NE(opened.get(), nullptr);
     EXPECT_EQ(sim().live_mappings, before.live_mappings + 3);
     EXPECT_EQ(sim().bytes_in_use, before.bytes_in_use);

@@ -1005,14 +1005,16 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   // --- IPC of the VMM policies' memory, in PyTorch's expandable-segment layout -------------------
   //
   // After the version byte and 'e', PyTorch's ExpandableSegment header as it lays it out on 64-bit
-  // Linux — the producer's pid, 4 zero bytes, the page size, the number of pages — then one int per
-  // page: the producer's file descriptor for it (cuMemExportToShareableHandle, POSIX), which the
-  // consumer duplicates with pidfd_getfd. The pages are those under the block, from the one
-  // holding its first byte to the one holding its last, as PyTorch shares them; the handle's
-  // offset is the block's distance from the first page. PyTorch's pages are its segment's (2 MiB
-  // small, 20 MiB large), gpumem's its range's: the same under expandable, the granularity (2 MiB)
-  // under stitch, where a block lies on part of a range and its pages may be mapped at a second
-  // address too — the descriptors name the physical pages, wherever they are mapped.
+  // Linux — the producer's pid, 4 zero bytes, the page size, the number of pages; from version 3
+  // (torch 2.13) also the handle type (PyTorch's Expandable_Segments_Handle_Type: 1 POSIX file
+  // descriptors, 2 fabric handles) and 4 zero bytes — then one int per page: the producer's file
+  // descriptor for it (cuMemExportToShareableHandle, POSIX), which the consumer duplicates with
+  // pidfd_getfd. The pages are those under the block, from the one holding its first byte to the
+  // one holding its last, as PyTorch shares them; the handle's offset is the block's distance from
+  // the first page. PyTorch's pages are its segment's (2 MiB small, 20 MiB large), gpumem's its
+  // range's: the same under expandable, the granularity (2 MiB) under stitch, where a block lies on
+  // part of a range and its pages may be mapped at a second address too — the descriptors name the
+  // physical pages, wherever they are mapped.
   struct vmm_share_header {
     std::int32_t pid;
     std::uint32_t zero;  // PyTorch's padding, zeroed so that equal handles are equal strings
@@ -1020,11 +1022,19 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     std::uint64_t pages;
   };
   static_assert(sizeof(vmm_share_header) == 24, "PyTorch's ShareHeader on 64-bit Linux");
+  // What version 3 adds to the header. torch 2.15 leaves its padding bytes uninitialised; gpumem
+  // zeroes them, and reads neither.
+  struct vmm_share_handle_type {
+    std::int32_t type;
+    std::uint32_t zero;
+  };
+  static constexpr std::int32_t vmm_posix_fd = 1;  // Expandable_Segments_Handle_Type::POSIX_FD
+  static constexpr std::int32_t vmm_fabric = 2;    // Expandable_Segments_Handle_Type::FABRIC_HANDLE
 
-  // The version byte of 'e' handles: PyTorch writes this layout as version 2 up to torch 2.12.
-  // torch 2.13 writes version 3, whose 'e' layout differs (it names the handle type, POSIX or
-  // fabric); gpumem writes version 2 under every torch and refuses to read version 3.
-  static constexpr char vmm_handle_version = 2;
+  // The version byte of the 'e' handles gpumem writes: the one PyTorch's allocator of the running
+  // torch writes and reads (torch 2.13 and newer read every 'e' handle as version 3). Both are
+  // read, whatever the torch.
+  static constexpr char vmm_handle_version = GPUMEM_TORCH_AT_LEAST(2, 13) ? 3 : 2;
 
   static constexpr const char* ipc_cuda_malloc_advice =
       "Or share this tensor from cudaMalloc memory, which CUDA IPC opens without pidfd: allocate "
@@ -1057,6 +1067,10 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     out.push_back(vmm_handle_version);
     out.push_back('e');
     out.append(reinterpret_cast<const char*>(&header), sizeof header);
+    if constexpr (vmm_handle_version >= 3) {
+      const vmm_share_handle_type type{vmm_posix_fd, 0};
+      out.append(reinterpret_cast<const char*>(&type), sizeof type);
+    }
     for (const int fd : s.fds) {
       const std::int32_t v = fd;
       out.append(reinterpret_cast<const char*>(&v), sizeof v);
@@ -1082,13 +1096,31 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     vmm_share_header header{};
     TORCH_CHECK(handle.size() >= 2 + sizeof header, "gpumem: getIpcDevPtr: an expandable-segment ",
                 "handle of ", handle.size(), " bytes is too short");
-    TORCH_CHECK(handle[0] == vmm_handle_version, "gpumem: getIpcDevPtr: an expandable-segment ",
-                "handle of version ", static_cast<int>(handle[0]), ": gpumem reads version ",
-                static_cast<int>(vmm_handle_version),
-                " (gpumem's, and PyTorch's allocator's up to torch 2.12). ",
-                ipc_cuda_malloc_advice);
+    const int version = handle[0];
+    TORCH_CHECK(version == 2 || version == 3, "gpumem: getIpcDevPtr: an expandable-segment ",
+                "handle of version ", version, ": gpumem reads versions 2 and 3 (PyTorch's ",
+                "allocator's up to torch 2.12, and from torch 2.13). ", ipc_cuda_malloc_advice);
     std::memcpy(&header, handle.data() + 2, sizeof header);
-    const std::size_t payload = handle.size() - 2 - sizeof header;
+    std::size_t header_size = sizeof header;
+    if (version == 3) {
+      vmm_share_handle_type type{};
+      TORCH_CHECK(handle.size() >= 2 + sizeof header + sizeof type, "gpumem: getIpcDevPtr: a ",
+                  "version-3 expandable-segment handle of ", handle.size(), " bytes is too short");
+      std::memcpy(&type, handle.data() + 2 + sizeof header, sizeof type);
+      if (type.type == vmm_fabric) {
+        detail::not_supported(
+            "opening an expandable segment shared with fabric handles",
+            "gpumem imports POSIX file descriptors only, and the producer's PyTorch chose "
+            "fabric handles (Expandable_Segments_Handle_Type FABRIC_HANDLE, on GPUs with fabric "
+            "access): share this tensor from cudaMalloc memory there "
+            "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False)");
+      }
+      TORCH_CHECK(type.type == vmm_posix_fd, "gpumem: getIpcDevPtr: an expandable-segment ",
+                  "handle of unknown handle type ", type.type,
+                  " (1: POSIX file descriptors, 2: fabric handles)");
+      header_size += sizeof type;
+    }
+    const std::size_t payload = handle.size() - 2 - header_size;
     TORCH_CHECK(
         header.pages > 0 && header.page_size > 0 && header.pages <= payload / sizeof(std::int32_t),
         "gpumem: getIpcDevPtr: malformed expandable-segment handle (", header.pages, " pages of ",
@@ -1103,7 +1135,7 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     std::vector<int> remote(header.pages);
     for (std::size_t i = 0; i < remote.size(); ++i) {
       std::int32_t fd = 0;
-      std::memcpy(&fd, handle.data() + 2 + sizeof header + i * sizeof fd, sizeof fd);
+      std::memcpy(&fd, handle.data() + 2 + header_size + i * sizeof fd, sizeof fd);
       remote[i] = fd;
     }
     const c10::DeviceIndex device = c10::cuda::current_device();
