@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include "support/pinned_segments.hpp"
 #include "support/sim.hpp"
 
 namespace {
@@ -194,21 +195,6 @@ TEST_P(Checkpoint, WaitsForStreamUsesAndIsRefusedDuringACapture) {
 
 INSTANTIATE_TEST_SUITE_P(Policies, Checkpoint, ::testing::Values("classic", "expandable", "stitch"),
                          [](const auto& param_info) { return param_info.param; });
-
-// Ten 20 MiB segments, each pinned by one 1.5 MiB block (tests/test_vmm_policies.cpp): under
-// stitch, a large request then maps the free blocks' pages a second time instead of creating
-// pages.
-std::vector<void*> pin_segments(allocator& a) {
-  std::vector<void*> keep;
-  std::vector<void*> release;
-  for (int i = 0; i < 10; ++i) {
-    release.push_back(a.allocate(9 * MiB + 512 * KiB));
-    release.push_back(a.allocate(9 * MiB));
-    keep.push_back(a.allocate(1536 * KiB));
-  }
-  for (void* p : release) a.deallocate(p);
-  return keep;
-}
 
 bool has_shared_pages(const allocator& a) {
   for (const auto& seg : a.snapshot()) {

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include "support/pinned_segments.hpp"
 #include "support/sim.hpp"
 
 namespace {
@@ -97,19 +98,6 @@ TEST(Expandable, SmallPoolGrowsBy2MiBPages) {
   for (int i = 1; i < 5; ++i) EXPECT_EQ(addr(ptrs[i]), addr(ptrs[i - 1]) + 1 * MiB);
   for (void* p : ptrs) a.deallocate(p);
   a.check_invariants();
-}
-
-// Ten 20 MiB segments, each pinned by one 1.5 MiB block: 185 MiB cached but split.
-std::vector<void*> pin_segments(allocator& a) {
-  std::vector<void*> keep;
-  std::vector<void*> release;
-  for (int i = 0; i < 10; ++i) {
-    release.push_back(a.allocate(9 * MiB + 512 * KiB));
-    release.push_back(a.allocate(9 * MiB));
-    keep.push_back(a.allocate(1536 * KiB));
-  }
-  for (void* p : release) a.deallocate(p);
-  return keep;
 }
 
 TEST(Stitch, UnderPressureSucceedsWhereClassicFails) {
