@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "support/sim.hpp"
+#include "sim.hpp"
 
 namespace gpumem_test {
 
