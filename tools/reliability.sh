@@ -30,7 +30,7 @@ jobs=$(nproc)
 status=0
 common=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGPUMEM_TORCH_PYTHON= -DGPUMEM_BUILD_BENCHMARKS=OFF
   -DGPUMEM_BUILD_EXAMPLES=OFF -DGPUMEM_TEST_PACKAGING=OFF -DGPUMEM_INSTALL=OFF)
-step() { echo "== reliability: $*" >&2; }
+step() { echo "== reliability: $* (at $SECONDS s)" >&2; }
 
 # 1. ASan + UBSan
 step "test suite under AddressSanitizer + UndefinedBehaviorSanitizer"

@@ -16,5 +16,7 @@ fi
 build=${GPUMEM_BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   "-DGPUMEM_TORCH_PYTHON=$torch_python" >/dev/null
+start=$SECONDS
 cmake --build "$build" -j"$(nproc)"
+echo "gpumem: built in $((SECONDS - start)) s; running the tests" >&2
 ctest --test-dir "$build" --output-on-failure -j"$(nproc)"
