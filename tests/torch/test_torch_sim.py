@@ -438,7 +438,9 @@ SAME_LAYOUT = [["pytorch", "gpumem classic"],
                ["pytorch expandable", "gpumem expandable", "gpumem stitch"]]
 
 
-class CudagraphTreesTest(SimTest):
+class SameAsPyTorchTest(SimTest):
+    PRELUDE = ""  # code each test's code runs after
+
     def each_allocator_same(self, code, same):
         """Runs `code` under every allocator; the JSON each prints must equal that of the
         allocators named with it in `same` (a list of groups)."""
@@ -448,13 +450,17 @@ class CudagraphTreesTest(SimTest):
                 env = dict(extra)
                 if "TEST_PLUGIN" in env:
                     env["TEST_PLUGIN"] = PLUGIN
-                out, err = self.check(TREES_PRELUDE + textwrap.dedent(code), env)
+                out, err = self.check(self.PRELUDE + textwrap.dedent(code), env)
                 self.assertNotIn("gpumem: ", err)
                 printed[name] = json.loads(out.strip().splitlines()[-1])
         for group in same:
             for name in group[1:]:
                 self.assertEqual(printed[name], printed[group[0]], f"{name} against {group[0]}")
         return printed
+
+
+class CudagraphTreesTest(SameAsPyTorchTest):
+    PRELUDE = TREES_PRELUDE
 
     def test_a_branch_recorded_after_replaying_its_parent(self):
         # A, then B as A's child, recorded and replayed; then C as A's child: recorded after A
@@ -585,6 +591,72 @@ class CudagraphTreesTest(SimTest):
                               "reserved": torch.cuda.memory_reserved()}))
         """, [list(ALLOCATORS)])
         self.assertGreater(printed["pytorch"]["calls"], 0)
+
+
+# What memory_snapshot() says of free blocks: PyTorch keeps the request a block last served once it
+# is free (memory_viz's trace_plot(filter_freed=True) and PyTorch's test_memory_plots read it); a
+# merge keeps the request of the block being freed, a block cut off a free one (the rest of a
+# split, a part that stays mapped around an unmapped range) starts at 0.
+SNAPSHOT_PRELUDE = """
+import json
+
+def e(n):
+    return torch.empty(n, dtype=torch.uint8, device="cuda")
+
+def layout():
+    # Each segment in address order: its blocks (state, size, requested size) and its totals.
+    out = []
+    for s in sorted(torch.cuda.memory_snapshot(), key=lambda s: s["address"]):
+        out.append([s["segment_type"], s["total_size"], s["active_size"], s["requested_size"],
+                    [(b["state"], b["size"], b["requested_size"]) for b in s["blocks"]]])
+    return out
+
+def requested_bytes():
+    return torch.cuda.memory_stats()["requested_bytes.all.current"]
+"""
+
+
+class SnapshotTest(SameAsPyTorchTest):
+    PRELUDE = SNAPSHOT_PRELUDE
+
+    def test_free_blocks_keep_their_last_request_as_in_pytorch(self):
+        printed = self.each_allocator_same("""
+            steps = {}
+            def step(name):
+                steps[name] = [layout(), requested_bytes()]
+            a, b, c, d = e(1000), e(3000), e(5000), e(7000)
+            del b                          # free between two live blocks: keeps 3000
+            step("free")
+            del c                          # takes b's block in: keeps its own 5000
+            step("merge")
+            f = e(600)                     # cut off the merged block: the rest keeps 5000
+            step("split")
+            del d                          # between that rest and the segment's tail
+            step("merge both sides")
+            g, h, i = e(3 * MiB), e(5 * MiB), e(4 * MiB)
+            del h, g                       # g takes h in
+            j = e(2 * MiB)
+            step("large")
+            del i, j
+            x, y = e(50 * MiB), e(10 * MiB)
+            del x
+            torch.cuda.empty_cache()       # unmaps x's whole pages under expandable
+            z = e(30 * MiB)                # maps them again
+            step("unmapped and mapped again")
+            print(json.dumps(steps))
+        """, [["pytorch", "gpumem classic"], ["pytorch expandable", "gpumem expandable"]])
+        free = [b for s in printed["pytorch"]["free"][0] for b in s[4] if b[0] == "inactive"]
+        self.assertIn(["inactive", 3072, 3000], free)  # the oracle keeps it too
+        # Stitch lays large blocks out its own way; its small segment is PyTorch's, and its
+        # freed large blocks keep their requests too.
+        stitch, oracle = printed["gpumem stitch"], printed["pytorch expandable"]
+        for name, (segments, requested) in oracle.items():
+            small = [s for s in segments if s[0] == "small"]
+            self.assertEqual([s for s in stitch[name][0] if s[0] == "small"], small, name)
+            self.assertEqual(stitch[name][1], requested, name)
+        large_free = [b for s in stitch["large"][0] if s[0] == "large" for b in s[4]
+                      if b[0] == "inactive"]
+        self.assertIn(3 * (1 << 20), [b[2] for b in large_free])  # g's request
 
 
 if __name__ == "__main__":

@@ -79,7 +79,9 @@ enum class block_state { active_allocated, active_pending_free, inactive };
 struct block_snapshot {
   std::uintptr_t address = 0;
   std::size_t size = 0;
-  std::size_t requested_size = 0;  // 0 unless allocated or pending
+  // The last request the block served, kept once it is free (PyTorch's rule: a free block keeps
+  // its last request, a merge keeps the freed block's, a block cut from a free one starts at 0).
+  std::size_t requested_size = 0;
   block_state state = block_state::inactive;
   bool mapped = true;  // false: an inactive range of a VMM segment with no physical memory
 };
@@ -742,7 +744,7 @@ class caching_allocator {
       ss.stream = s->owner->stream;
       ss.is_small = s->owner->is_small;
       for (const block_type* b = s->head; b != nullptr; b = b->next) {
-        block_snapshot bs{b->ptr, b->size, 0, block_state::inactive, b->mapped};
+        block_snapshot bs{b->ptr, b->size, b->requested_size, block_state::inactive, b->mapped};
         if (b->mapped) ss.mapped_size += b->size;
         if (b->allocated) {
           bs.state = block_state::active_allocated;
@@ -751,7 +753,6 @@ class caching_allocator {
           bs.state = block_state::active_pending_free;
         }
         if (bs.state != block_state::inactive) {
-          bs.requested_size = b->requested_size;
           ss.active_size += b->size;
           ss.requested_size += b->requested_size;
         }

@@ -643,8 +643,7 @@ pickle_value::sequence pytorch_snapshot_segments(
         blocks.push_back(pickle_value::make_dict(dict{
             {"address", snapshot_int_value(b.address, "block address")},
             {"size", snapshot_int_value(b.size, "block size")},
-            {"requested_size",
-             snapshot_int_value(live ? b.requested_size : 0, "block requested_size")},
+            {"requested_size", snapshot_int_value(b.requested_size, "block requested_size")},
             {"state", pickle_value(snapshot_state_name(b.state))},
             {"frames", pickle_value::make_list()},
         }));

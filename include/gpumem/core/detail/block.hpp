@@ -23,7 +23,7 @@ template <class Stream>
 struct block {
   std::uintptr_t ptr = 0;
   std::size_t size = 0;
-  std::size_t requested_size = 0;  // the caller's size before rounding (allocated blocks)
+  std::size_t requested_size = 0;  // the caller's size before rounding; a free block keeps it
   block* prev = nullptr;           // address-order neighbours within the segment
   block* next = nullptr;
   block* left = nullptr;  // free-index treap links (only while indexed)
