@@ -49,12 +49,14 @@ gpumem::replay_result replay_steps(const std::string& name, const std::string& c
 
 // Every bundled trace, twelve training steps in a row: stitch never waits for the GPU (free pages
 // are mapped at a second address, never moved), and once the steps repeat it makes no device
-// call at all — from the third step on, except GPT-2 with checkpointing, whose 393 MiB logits
-// class still shares pages in the third step (bench/README.md, "Stitch in the steady state").
-// Reserved memory: within 2% of the peak requested in the first step, 3% over all twelve.
+// call at all — from the third step on, except the 3D U-Net, whose large classes still share
+// pages until the seventh (bench/README.md, "Stitch in the steady state"). Reserved memory:
+// within 2% of the peak requested in the first step; over all twelve within 2% + 4 MiB where the
+// trace meets that bound (the steady-state goal), within 3% on ResNet-50, which does not yet.
 struct settling_case {
   const char* trace;
   std::size_t quiet_from;  // the first step (1-based) that makes no device call
+  double bound = 1.02;     // reserved over twelve steps <= bound x peak requested + 4 MiB
 };
 
 class StitchSteadyState : public ::testing::TestWithParam<settling_case> {};
@@ -74,7 +76,7 @@ TEST_P(StitchSteadyState, NoHostWaitEverAndNoDeviceCallOnceTheStepsRepeat) {
       EXPECT_EQ(r.steps[s].device_calls(), 0u);
     }
   }
-  EXPECT_LE(static_cast<double>(r.peak_reserved), 1.03 * peak + 4.0 * MiB);
+  EXPECT_LE(static_cast<double>(r.peak_reserved), c.bound * peak + 4.0 * MiB);
 }
 
 // Test names from the traces' (gtest's macro takes a functor; a lambda there trips -Wshadow).
@@ -88,10 +90,10 @@ struct trace_name {
 
 INSTANTIATE_TEST_SUITE_P(BundledTraces, StitchSteadyState,
                          ::testing::Values(settling_case{"gpt2-small-b4-s512", 3},
-                                           settling_case{"gpt2-small-b4-s512-ckpt", 4},
+                                           settling_case{"gpt2-small-b4-s512-ckpt", 3},
                                            settling_case{"llama-tiny-b4-s512-accum2", 3},
                                            settling_case{"llama3.2-1b-bf16-b2-s1024", 3},
-                                           settling_case{"resnet50-b32", 3},
+                                           settling_case{"resnet50-b32", 3, 1.03},
                                            settling_case{"workloads/calibration_layers", 2},
                                            settling_case{"workloads/conv3d_training", 7},
                                            settling_case{"workloads/offload_streams", 3}),

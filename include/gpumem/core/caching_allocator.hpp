@@ -1673,7 +1673,8 @@ class caching_allocator {
   // Stitch: whether a new range would serve the run that starts at c with fewer new pages. A page
   // is mapped at most once per range, so the free pages already mapped in c's range (where they
   // are not contiguous enough to serve the request) cannot be shared into the run; in a new range
-  // they can.
+  // they can. A settled miss too large for the recurring rule takes a new range whenever it shares
+  // (stitch_policy::shares_in_own_range).
   bool better_in_new_range(block_type* c, std::size_t rounded) {
     if (!rules_.stitches) return false;
     const segment_type& s = *c->seg;
@@ -1685,6 +1686,7 @@ class caching_allocator {
       remaining -= take;
     }
     if (pages == 0 || pages_to_create(*c->owner, s.page_size, pages) == pages) return false;
+    if (stitch_.shares_in_own_range(rounded, settled())) return true;
     std::vector<detail::page_id>& found = page_scratch_;
     collect_free_pages(s, pages, found);
     const std::size_t here = found.size();

@@ -12,7 +12,8 @@
 //  - stitch_settle_limit (2%) once the workload has settled (that mark unchanged for
 //    stitch_settled_allocations, 1024): the misses left then are a loop's steady-state couplings;
 //  - stitch_recurring_limit (3%), for all of a request or none of it, in a pool that has missed
-//    stitch_recurring_misses (3) times since the workload settled (a coupling back every step).
+//    stitch_recurring_misses (3) times since the workload settled (a coupling back every step);
+//    a settled miss larger than that bound shares pages in a range of its own instead.
 // Beyond those bounds free pages are shared (never moved: nothing waits for the GPU), and when no
 // free page is left new ones are created: fragmentation never causes an out-of-memory error.
 #pragma once
@@ -67,6 +68,16 @@ class stitch_policy {
     if (!settled) return std::min(count, pages_within(headroom_));
     if (pool_misses >= recurring_misses_ && pages_within(recurring_limit_) >= count) return count;
     return std::min(count, pages_within(settle_limit_));
+  }
+
+  /// Whether a settled miss of `bytes` that must share pages gets an address range of its own:
+  /// when the request is beyond what the recurring rule could ever create pages for
+  /// (stitch_recurring_limit of the high-water mark), its coupling never turns into new pages, so
+  /// the block it stitches should be one a later miss of the pattern finds whole again (as
+  /// GMLake's cached stitched blocks), not a run in a range whose other blocks lend the same pages.
+  bool shares_in_own_range(std::size_t bytes, bool settled) const noexcept {
+    return settled &&
+           static_cast<double>(bytes) > recurring_limit_ * static_cast<double>(high_water_);
   }
 
   /// The address range a size class reserves when none of its ranges has room for `needed` bytes:
