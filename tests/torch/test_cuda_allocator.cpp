@@ -1609,6 +1609,20 @@ TEST_F(FabricHandles, AVersion2HandleOfFabricHandlesOpens) {
   for (const auto h : pages) producer.release_physical(h);
 }
 
+TEST(FabricFollowsPyTorch, PyTorchsHandleTypeSetFromCppIsFollowed) {
+  // Mode fabric_pytorch_posix_fd: fabric access, gpumem's key left at auto, and PyTorch's setting
+  // (CUDAAllocatorConfig::set_expandable_segments_handle_type, before the first allocation)
+  // POSIX_FD.
+  if (env("GPUMEM_TORCH_TEST_MODE") != "fabric_pytorch_posix_fd") GTEST_SKIP() << "its own mode";
+  void* p = c10_alloc::raw_alloc(3 * MiB);
+  const fabric_vmm_handle h = parse_fabric_handle(c10_alloc::shareIpcHandle(p).handle);
+  if (h.version == 3) {
+    EXPECT_EQ(h.handle_type, 1);  // POSIX_FD
+  }
+  EXPECT_EQ(h.payload, h.pages * 4);  // a file descriptor a page
+  c10_alloc::raw_delete(p);
+}
+
 TEST(FabricRefused, FabricHandlesAskedForWithoutFabricAccessAreAClearError) {
   if (env("GPUMEM_TORCH_TEST_MODE") != "fabric_refused") GTEST_SKIP() << "mode fabric_refused";
   ASSERT_NE(gpumem::torch::installed(), nullptr);
@@ -1893,6 +1907,10 @@ class InstallGpumem : public ::testing::Environment {
     // libtorch_cuda installs this hook in a full PyTorch; with c10 alone the test does.
     c10::cuda::_internal::setHasPrimaryContext(&has_primary_context);
     if (too_late_mode() || env("GPUMEM_TORCH_TEST_MODE") == "pytorch_ipc") return;
+    if (env("GPUMEM_TORCH_TEST_MODE") == "fabric_pytorch_posix_fd") {
+      c10_alloc::CUDAAllocatorConfig::set_expandable_segments_handle_type(
+          c10_alloc::Expandable_Segments_Handle_Type::POSIX_FD);
+    }
     gpumem::torch::install(env("GPUMEM_TORCH_TEST_CONF"));
   }
 };

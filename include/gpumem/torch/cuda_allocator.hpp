@@ -65,10 +65,8 @@
 #if GPUMEM_TORCH_AT_LEAST(2, 9)
 #include <c10/core/AllocatorConfig.h>  // the settings' parse hook (follow_allocator_settings)
 #endif
+#include <c10/cuda/CUDAAllocatorConfig.h>  // the expandable-segment handle type; run-time keys
 #include <c10/cuda/CUDACachingAllocator.h>
-#if GPUMEM_TORCH_AT_LEAST(2, 9)
-#include <c10/cuda/CUDAAllocatorConfig.h>  // graph_capture_record_stream_reuse at run time
-#endif
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
@@ -1275,14 +1273,12 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   // access is refused, as PyTorch 2.13 and newer refuse it.
   static cuda_vmm_device::shareable_handle handle_type_for(detail::device_state& s) {
     vmm_handle_type type = s.config.expandable_segments_handle_type;
-#if GPUMEM_TORCH_AT_LEAST(2, 9)
     if (type == vmm_handle_type::automatic) {
       using pytorch_type = c10_alloc::Expandable_Segments_Handle_Type;
       const pytorch_type set = c10_alloc::CUDAAllocatorConfig::expandable_segments_handle_type();
       if (set == pytorch_type::POSIX_FD) type = vmm_handle_type::posix_fd;
       if (set == pytorch_type::FABRIC_HANDLE) type = vmm_handle_type::fabric;
     }
-#endif
     switch (type) {
       case vmm_handle_type::posix_fd:
         return cuda_vmm_device::shareable_handle::posix_fd;
