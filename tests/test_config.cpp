@@ -457,6 +457,26 @@ TEST(config_keys, oom_snapshot_is_a_directory_and_its_ring_a_count) {
   EXPECT_NO_THROW(in_code.validate());
 }
 
+// expandable_segments_handle_type: PyTorch's name for the setting, and its enumerators' names too.
+TEST(config_keys, expandable_segments_handle_type_takes_gpumems_and_pytorchs_names) {
+  using gpumem::vmm_handle_type;
+  EXPECT_EQ(allocator_config{}.expandable_segments_handle_type, vmm_handle_type::automatic);
+  const auto type = [](const char* text) {
+    return allocator_config::parse(text).expandable_segments_handle_type;
+  };
+  EXPECT_EQ(type("expandable_segments_handle_type:auto"), vmm_handle_type::automatic);
+  EXPECT_EQ(type("expandable_segments_handle_type:unspecified"), vmm_handle_type::automatic);
+  EXPECT_EQ(type("expandable_segments_handle_type:posix_fd"), vmm_handle_type::posix_fd);
+  EXPECT_EQ(type("expandable_segments_handle_type:fabric"), vmm_handle_type::fabric);
+  EXPECT_EQ(type("expandable_segments_handle_type:fabric_handle"), vmm_handle_type::fabric);
+  const auto c = allocator_config::parse("policy:stitch,expandable_segments_handle_type:fabric");
+  EXPECT_EQ(c.to_string(), "policy:stitch,expandable_segments_handle_type:fabric");
+  EXPECT_EQ(allocator_config::parse(c.to_string()), c);
+  EXPECT_NE(c, allocator_config::parse("policy:stitch"));
+  EXPECT_THROW(allocator_config::parse("expandable_segments_handle_type:ipc"), config_error);
+  EXPECT_THROW(allocator_config::parse("expandable_segments_handle_type:True"), config_error);
+}
+
 TEST(config_to_string, round_trips_any_divisions_table) {
   std::mt19937 rng(12345);
   const std::array<std::size_t, 6> values{0, 1, 2, 4, 8, 16};

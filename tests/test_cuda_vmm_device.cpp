@@ -10,12 +10,14 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <type_traits>
 #include <vector>
 
 #include <fmt/format.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cudasim_support.hpp"
@@ -309,13 +311,139 @@ TEST(CudaVmmDevice, MemoryCreatedWithoutAHandleTypeIsNotExported) {
   d.release_physical(h);
 }
 
+// --- Fabric handles. ctest runs this program with GPUMEM_SIM_FABRIC unset (an H100/H200 server
+// without an IMEX channel), =imex and =unsupported (a GPU without fabric handles).
+
+std::string sim_fabric() {
+  const char* v = std::getenv("GPUMEM_SIM_FABRIC");
+  return v == nullptr || *v == '\0' ? "no_imex" : v;
+}
+
+// Whether fabric handles work here: on the simulator as GPUMEM_SIM_FABRIC says; on a GPU as the
+// device finds (no expectation to check it against).
+bool fabric_expected(const cuda_vmm_device& d) {
+  return on_the_simulator() ? sim_fabric() == "imex" : d.fabric_supported();
+}
+
+TEST(CudaVmmDevice, FabricSupportIsTheAttributeAndAWorkingExportImportCycle) {
+  GPUMEM_REQUIRE_VMM_GPU();
+  if (!on_the_simulator()) GTEST_SKIP() << "checks the simulator's settings";
+  cuda_vmm_device d(0);
+  int attribute = -1;
+  ASSERT_EQ(cudaDeviceGetAttribute(
+                &attribute,
+                static_cast<cudaDeviceAttr>(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED), 0),
+            cudaSuccess);
+  // An H100 or H200 has fabric handles; without an IMEX channel they cannot be used.
+  EXPECT_EQ(attribute, sim_fabric() == "unsupported" ? 0 : 1);
+  const std::size_t used = used_bytes(d);
+  EXPECT_EQ(d.fabric_supported(), sim_fabric() == "imex");
+  EXPECT_EQ(used_bytes(d), used);  // the probe's page is gone
+}
+
+TEST(CudaVmmDevice, AutomaticHandlesAreFabricWhereTheyWorkElseFileDescriptors) {
+  GPUMEM_REQUIRE_VMM_GPU();
+  cuda_vmm_device d(0, cuda_vmm_device::shareable_handle::automatic);
+  EXPECT_EQ(d.shareable_handle_type(), cuda_vmm_device::shareable_handle::automatic);
+  const auto h = d.create_physical(d.granularity());
+  ASSERT_NE(h, cuda_vmm_device::invalid_physical_handle);
+  const bool fabric = fabric_expected(d);
+  EXPECT_EQ(d.shareable_handle_type(), fabric ? cuda_vmm_device::shareable_handle::fabric
+                                              : cuda_vmm_device::shareable_handle::posix_fd);
+  const CUmemAllocationProp prop = d.allocation_properties(h);
+  EXPECT_EQ(prop.requestedHandleTypes,
+            fabric ? CU_MEM_HANDLE_TYPE_FABRIC : CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  d.release_physical(h);
+}
+
+TEST(CudaVmmDevice, AFabricHandleImportsAsTheSameMemoryHereAndInAnotherProcess) {
+  GPUMEM_REQUIRE_VMM_GPU();
+  cuda_vmm_device d(0, cuda_vmm_device::shareable_handle::fabric);
+  const std::size_t g = d.granularity();
+  const auto h = d.create_physical(g);
+  ASSERT_NE(h, cuda_vmm_device::invalid_physical_handle);
+  if (!fabric_expected(d)) {
+    // Refused at creation: the device fell back to file descriptors, and fabric bytes made
+    // elsewhere do not import (CUDA_ERROR_NOT_PERMITTED without an IMEX channel,
+    // CUDA_ERROR_NOT_SUPPORTED on a GPU without fabric handles).
+    EXPECT_EQ(d.shareable_handle_type(), cuda_vmm_device::shareable_handle::posix_fd);
+    EXPECT_THROW((void)d.export_fabric_handle(h), cuda_error);
+    try {
+      (void)d.import_fabric_handle(gpumem::fabric_handle{});
+      ADD_FAILURE() << "imported a fabric handle without fabric access";
+    } catch (const cuda_error& e) {
+      if (on_the_simulator()) {
+        EXPECT_EQ(e.code(), sim_fabric() == "unsupported" ? CUDA_ERROR_NOT_SUPPORTED
+                                                          : CUDA_ERROR_NOT_PERMITTED)
+            << e.what();
+      }
+    }
+    d.release_physical(h);
+    return;
+  }
+  EXPECT_EQ(d.shareable_handle_type(), cuda_vmm_device::shareable_handle::fabric);
+  const gpumem::fabric_handle bytes = d.export_fabric_handle(h);
+  EXPECT_EQ(d.export_fabric_handle(h), bytes);  // the same memory, the same handle
+  EXPECT_NE(bytes, gpumem::fabric_handle{});
+  // Memory created with fabric handles has no file descriptor.
+  EXPECT_THROW((void)d.export_handle(h), cuda_error);
+  gpumem::fabric_handle made_up = bytes;
+  made_up[40] ^= 0xff;
+  EXPECT_THROW((void)d.import_fabric_handle(made_up), cuda_error);
+  const std::size_t before = used_bytes(d);
+  // Another process imports, maps and writes it (on the simulator, a forked child's simulated
+  // GPU is a copy of this one's, so the exported memory is there too).
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    int rc = 0;
+    try {
+      const auto imported = d.import_fabric_handle(bytes);
+      const std::uintptr_t va = d.reserve_address(g);
+      d.map(va, g, 0, imported);
+      d.set_access(va, g);
+      if (cudaMemset(reinterpret_cast<void*>(va), 0x44, g) != cudaSuccess) rc = 2;
+      d.synchronize();
+      d.unmap(va, g);
+      d.release_physical(imported);
+      d.free_address(va, g);
+    } catch (...) {
+      rc = 3;
+    }
+    ::_exit(rc);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  // Here too: the same physical page, no new memory; it lives until both handles are released.
+  const auto imported = d.import_fabric_handle(bytes);
+  EXPECT_EQ(used_bytes(d), before);
+  d.release_physical(h);
+  const std::uintptr_t va = d.reserve_address(g);
+  d.map(va, g, 0, imported);
+  d.set_access(va, g);
+  ASSERT_EQ(cudaMemset(reinterpret_cast<void*>(va), 0x11, g), cudaSuccess);
+  d.synchronize();
+  d.unmap(va, g);
+  d.release_physical(imported);
+  d.free_address(va, g);
+  if (on_the_simulator()) {
+    EXPECT_EQ(used_bytes(d), before - g);
+    // Released everywhere: the bytes name nothing any more.
+    EXPECT_THROW((void)d.import_fabric_handle(bytes), cuda_error);
+  }
+}
+
 TEST(CudaVmmDevice, FabricHandlesFallBackToFileDescriptorsWhereRefused) {
   GPUMEM_REQUIRE_VMM_GPU();
   cuda_vmm_device d(0, cuda_vmm_device::shareable_handle::fabric);
   const auto h = d.create_physical(d.granularity());
   ASSERT_NE(h, cuda_vmm_device::invalid_physical_handle);
-  if (on_the_simulator()) {  // no simulated GPU has fabric handles
-    EXPECT_EQ(d.shareable_handle_type(), cuda_vmm_device::shareable_handle::posix_fd);
+  if (on_the_simulator()) {  // fabric handles only with an IMEX channel
+    EXPECT_EQ(d.shareable_handle_type(), sim_fabric() == "imex"
+                                             ? cuda_vmm_device::shareable_handle::fabric
+                                             : cuda_vmm_device::shareable_handle::posix_fd);
   }
   if (d.shareable_handle_type() == cuda_vmm_device::shareable_handle::posix_fd) {
     const int fd = d.export_handle(h);
@@ -375,6 +503,59 @@ TEST_P(ShareBlock, ABlockOfTheClassicPolicyOrAFreedOneIsRefused) {
   void* ptr = allocator.allocate(3 * MiB);
   allocator.deallocate(ptr);
   EXPECT_THROW((void)allocator.share_block(ptr), gpumem::usage_error);
+}
+
+TEST_P(ShareBlock, WithFabricHandlesTheConsumerImportsTheBytesInAnotherProcess) {
+  GPUMEM_REQUIRE_VMM_GPU();
+  gpumem::allocator_config config;
+  config.policy = GetParam();
+  cuda_vmm_device producer(0, cuda_vmm_device::shareable_handle::automatic);
+  gpumem::caching_allocator<cuda_vmm_device> allocator(producer, config);
+  const std::size_t g = allocator.device().granularity();
+  const std::size_t size = 3 * g + 777;
+  void* ptr = allocator.allocate(size);
+  gpumem::shared_block shared = allocator.share_block(ptr);
+  const std::size_t pages = (shared.offset + size + shared.page_size - 1) / shared.page_size;
+  if (!fabric_expected(allocator.device())) {
+    EXPECT_TRUE(shared.fabric.empty());
+    EXPECT_EQ(shared.fds.size(), pages);
+    gpumem::close_descriptors(shared);
+    allocator.deallocate(ptr);
+    GTEST_SKIP() << "no fabric access: shared as file descriptors";
+  }
+  EXPECT_TRUE(shared.fds.empty());
+  ASSERT_EQ(shared.fabric.size(), pages);
+  EXPECT_EQ(shared.pages(), pages);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    int rc = 0;
+    try {
+      cuda_vmm_device consumer_device(0);
+      gpumem::opened_block<cuda_vmm_device> view(consumer_device, shared);
+      if (view.size() != size) rc = 2;
+      if (cudaMemset(view.data(), 0x33, size) != cudaSuccess) rc = 3;
+      consumer_device.synchronize();
+    } catch (...) {
+      rc = 4;
+    }
+    ::_exit(rc);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  {
+    cuda_vmm_device consumer_device(0);
+    const std::size_t used = used_bytes(allocator.device());
+    gpumem::opened_block<cuda_vmm_device> view(consumer_device, shared);
+    EXPECT_EQ(used_bytes(allocator.device()), used);  // the producer's pages, no new memory
+    ASSERT_EQ(cudaMemset(view.data(), 0x33, size), cudaSuccess);
+    consumer_device.synchronize();
+  }
+  allocator.deallocate(ptr);
+  allocator.empty_cache();
+  allocator.check_invariants();
 }
 
 std::string policy_name(const ::testing::TestParamInfo<gpumem::allocator_policy>& p) {

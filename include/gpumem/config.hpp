@@ -51,6 +51,25 @@ inline std::string_view to_string(allocator_policy policy) noexcept {
   return "auto";
 }
 
+/// How the VMM policies' memory is shared with other processes (expandable_segments_handle_type):
+/// `auto` fabric handles where the GPU and system pass the fabric check, else POSIX file
+/// descriptors (PyTorch's UNSPECIFIED); `posix_fd`; `fabric`, refused where the GPU lacks fabric
+/// access (as PyTorch 2.13 and newer refuse FABRIC_HANDLE there).
+enum class vmm_handle_type { automatic, posix_fd, fabric };
+
+/// The spelling in configuration strings: "auto", "posix_fd", "fabric". Thread-safe; never throws.
+inline std::string_view to_string(vmm_handle_type type) noexcept {
+  switch (type) {
+    case vmm_handle_type::automatic:
+      return "auto";
+    case vmm_handle_type::posix_fd:
+      return "posix_fd";
+    case vmm_handle_type::fabric:
+      return "fabric";
+  }
+  return "auto";
+}
+
 /// All allocator settings. A plain value type: copy it, compare it, build it in code or from a
 /// string. Sizes are in bytes here and in MiB in strings. Defaults are PyTorch 2.11's.
 ///
@@ -114,6 +133,9 @@ struct allocator_config {
   std::string oom_snapshot;
   /// oom_snapshot_max_entries: the events kept for that snapshot (a ring: the newest).
   std::size_t oom_snapshot_max_entries = 100000;
+  /// expandable_segments_handle_type (PyTorch's name for the setting, which PyTorch sets only from
+  /// C++): the handle type the LibTorch adapter creates VMM memory with.
+  vmm_handle_type expandable_segments_handle_type = vmm_handle_type::automatic;
 
   /// PyTorch's roundup_power2_divisions(size): the entry for floor(log2(size)) - 20, clamped to
   /// [0, 15]. (PyTorch would index 15 for size 0 through unsigned wrap-around; it never asks for 0,
@@ -523,6 +545,28 @@ inline std::optional<std::string> policy_text(const config_key&, const allocator
   return std::string(gpumem::to_string(config.policy));
 }
 
+// expandable_segments_handle_type
+inline void apply_handle_type(const config_key& self, allocator_config& config,
+                              const config_entry& entry, config_source source) {
+  const std::string& name = single_value(entry, source).text;
+  // PyTorch's enumerator names are accepted too (Expandable_Segments_Handle_Type).
+  if (name == "auto" || name == "unspecified") {
+    config.expandable_segments_handle_type = vmm_handle_type::automatic;
+  } else if (name == "posix_fd") {
+    config.expandable_segments_handle_type = vmm_handle_type::posix_fd;
+  } else if (name == "fabric" || name == "fabric_handle") {
+    config.expandable_segments_handle_type = vmm_handle_type::fabric;
+  } else {
+    refuse_value(entry, source, self.limits.too_low);
+  }
+}
+inline std::optional<std::string> handle_type_text(const config_key&,
+                                                   const allocator_config& config) {
+  if (config.expandable_segments_handle_type == allocator_config{}.expandable_segments_handle_type)
+    return std::nullopt;
+  return std::string(gpumem::to_string(config.expandable_segments_handle_type));
+}
+
 inline void no_check(const config_key&, const allocator_config&) {}
 
 // oom_snapshot: a directory. The tokenizer drops whitespace and splits at ':' ',' '[' ']', so a
@@ -666,7 +710,7 @@ constexpr config_key_handlers segment_bound_handlers(
 
 // Every key: PyTorch 2.11's (AcceleratorAllocatorConfig's and CUDAAllocatorConfig's), then
 // gpumem's. The order is to_string()'s and that of the known keys in error messages.
-inline constexpr std::array<config_key, 23> config_keys{{
+inline constexpr std::array<config_key, 24> config_keys{{
     {"backend",
      "",
      config_key_origin::pytorch,
@@ -926,6 +970,23 @@ inline constexpr std::array<config_key, 23> config_keys{{
       "history), as `max_entries` of `torch.cuda.memory._record_memory_history`",
       "with `oom_snapshot`"},
      count_handlers<&allocator_config::oom_snapshot_max_entries>()},
+    {"expandable_segments_handle_type",
+     "",
+     config_key_origin::gpumem,
+     /*applied_first=*/false,
+     {any_number(), /*power_of_two=*/false, /*zero_is_unset=*/false,
+      "expected auto, posix_fd or fabric", "", ""},
+     {"`auto`", "`auto`, `posix_fd`, `fabric` (also PyTorch's `unspecified`, `fabric_handle`)",
+      "The handle type the VMM policies' memory is created with, so that other processes can open "
+      "it (PyTorch's setting of that name, which PyTorch takes only from C++). `auto`: fabric "
+      "handles where the GPU reports them and a page created with them exports and imports again "
+      "(an IMEX channel is needed), else POSIX file descriptors, as PyTorch 2.13 and newer decide. "
+      "`fabric` where the GPU lacks fabric access is an error at the GPU's first allocation, as in "
+      "PyTorch",
+      "the LibTorch adapter and `libgpumem_torch.so` under expandable and stitch (README.md, "
+      "\"Limits of the VMM policies\"); `cuda_vmm_device::shareable_handle` in C++"},
+     {apply_handle_type, handle_type_text,
+      same_field<&allocator_config::expandable_segments_handle_type>, no_check}},
 }};
 
 // The row of `key`, under its name or its alias; nullptr for an unknown key.

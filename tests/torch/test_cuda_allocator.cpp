@@ -6,7 +6,9 @@
 // program once per policy); GPUMEM_TORCH_TEST_MODE=too_late runs only the installation-order test,
 // GPUMEM_TORCH_TEST_MODE=oom_snapshot only the tests of the oom_snapshot key (its configuration
 // sets the key, on a small simulated device), GPUMEM_TORCH_TEST_MODE=pytorch_ipc only PyTorch's own
-// allocator's IPC handles (gpumem not installed).
+// allocator's IPC handles (gpumem not installed), GPUMEM_TORCH_TEST_MODE=fabric only the sharing
+// of VMM memory with fabric handles (the simulator with an IMEX channel) and =fabric_refused the
+// refusal of expandable_segments_handle_type:fabric where the GPU has no fabric access.
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/prctl.h>
@@ -85,6 +87,9 @@ class Installed : public ::testing::Test {
     if (too_late_mode()) GTEST_SKIP() << "the too_late run checks installation order only";
     if (oom_snapshot_mode()) GTEST_SKIP() << "the oom_snapshot run checks that key only";
     if (env("GPUMEM_TORCH_TEST_MODE") == "pytorch_ipc") GTEST_SKIP() << "PyTorch's allocator runs";
+    if (env("GPUMEM_TORCH_TEST_MODE").rfind("fabric", 0) == 0) {
+      GTEST_SKIP() << "the fabric runs check fabric handles only";
+    }
     ASSERT_NE(gpumem::torch::installed(), nullptr);
     a_ = gpumem::torch::installed();
     c10_alloc::emptyCache();
@@ -1497,6 +1502,136 @@ TEST_F(Installed, AnotherProcessOpensTheHandleWithPidfdGetfd) {
   c10_alloc::raw_delete(p);
 }
 
+// --- Fabric handles (GPUMEM_TORCH_TEST_MODE=fabric: GPUMEM_SIM_FABRIC=imex, a VMM policy)
+
+class FabricHandles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (env("GPUMEM_TORCH_TEST_MODE") != "fabric") GTEST_SKIP() << "runs with mode fabric";
+    ASSERT_NE(gpumem::torch::installed(), nullptr);
+    c10_alloc::emptyCache();
+  }
+};
+
+// The header of an 'e' handle and its payload of 64-byte fabric handles.
+struct fabric_vmm_handle {
+  int version = 0;
+  std::int32_t handle_type = 0;  // version 3
+  std::uint64_t page_size = 0;
+  std::uint64_t pages = 0;
+  std::size_t payload = 0;
+};
+
+fabric_vmm_handle parse_fabric_handle(const std::string& h) {
+  fabric_vmm_handle out;
+  if (h.size() < 26 || h[1] != 'e') {
+    ADD_FAILURE() << "not an expandable-segment handle";
+    return out;
+  }
+  out.version = h[0];
+  std::memcpy(&out.page_size, h.data() + 10, 8);
+  std::memcpy(&out.pages, h.data() + 18, 8);
+  std::size_t header = 26;
+  if (out.version == 3) {
+    std::memcpy(&out.handle_type, h.data() + 26, 4);
+    header += 8;
+  }
+  out.payload = h.size() - header;
+  return out;
+}
+
+TEST_F(FabricHandles, VmmMemoryIsSharedAsFabricHandlesThatAnotherProcessOpens) {
+  const std::size_t size = 5 * MiB + 12345;
+  void* keep = c10_alloc::raw_alloc(4096);
+  void* p = c10_alloc::raw_alloc(size);
+  const c10_alloc::ShareableHandle shared = c10_alloc::shareIpcHandle(p);
+  const fabric_vmm_handle h = parse_fabric_handle(shared.handle);
+  EXPECT_EQ(h.version, pytorchs_vmm_handle_version);
+  if (h.version == 3) {
+    EXPECT_EQ(h.handle_type, 2);  // PyTorch's FABRIC_HANDLE
+  }
+  ASSERT_GT(h.pages, 0u);
+  EXPECT_EQ(h.payload, h.pages * 64);  // one CUmemFabricHandle per page
+  const gpumemSimCounters before = sim();
+  std::shared_ptr<void> opened = c10_alloc::getIpcDevPtr(shared.handle);
+  ASSERT_NE(opened.get(), nullptr);
+  EXPECT_NE(opened.get(), p);
+  EXPECT_EQ(sim().bytes_in_use, before.bytes_in_use);  // the producer's pages, no new memory
+  EXPECT_EQ(sim().live_mappings, before.live_mappings + h.pages);
+  void* data = static_cast<char*>(opened.get()) + shared.offset;
+  ASSERT_EQ(cudaMemset(data, 0x5a, size), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  opened.reset();
+  EXPECT_EQ(sim().live_mappings, before.live_mappings);
+  // Another process imports the bytes as they are: no descriptor to take, no ptrace permission.
+  EXPECT_EXIT(
+      {
+        std::shared_ptr<void> mine = c10_alloc::getIpcDevPtr(shared.handle);
+        void* at = static_cast<char*>(mine.get()) + shared.offset;
+        if (cudaMemset(at, 0x22, size) != cudaSuccess) std::exit(2);
+        if (cudaDeviceSynchronize() != cudaSuccess) std::exit(3);
+        mine.reset();
+        std::fprintf(stderr, "opened fabric handles in process %d\n", static_cast<int>(::getpid()));
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(0), "opened fabric handles in process");
+  c10_alloc::raw_delete(p);
+  c10_alloc::raw_delete(keep);
+}
+
+TEST_F(FabricHandles, AVersion2HandleOfFabricHandlesOpens) {
+  // Torch 2.12 and older name no handle type: 64 bytes a page are fabric handles.
+  const std::size_t page = 2 * MiB;
+  gpumem::cuda_vmm_device producer(0, gpumem::cuda_vmm_device::shareable_handle::fabric);
+  std::vector<gpumem::cuda_vmm_device::physical_handle> pages;
+  std::string handle{char{2}, 'e'};
+  const std::int32_t pid = ::getpid();
+  const std::uint32_t zero = 0;
+  const std::uint64_t count = 2;
+  handle.append(reinterpret_cast<const char*>(&pid), 4);
+  handle.append(reinterpret_cast<const char*>(&zero), 4);
+  handle.append(reinterpret_cast<const char*>(&page), 8);
+  handle.append(reinterpret_cast<const char*>(&count), 8);
+  for (std::uint64_t i = 0; i < count; ++i) {
+    pages.push_back(producer.create_physical(page));
+    const gpumem::fabric_handle bytes = producer.export_fabric_handle(pages.back());
+    handle.append(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  }
+  const gpumemSimCounters before = sim();
+  {
+    std::shared_ptr<void> opened = c10_alloc::getIpcDevPtr(handle);
+    EXPECT_EQ(sim().live_mappings, before.live_mappings + count);
+    EXPECT_EQ(sim().bytes_in_use, before.bytes_in_use);
+    ASSERT_EQ(cudaMemset(opened.get(), 0x11, count * page), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+  EXPECT_EQ(sim().live_mappings, before.live_mappings);
+  for (const auto h : pages) producer.release_physical(h);
+}
+
+TEST(FabricFollowsPyTorch, PyTorchsHandleTypeSetFromCppIsFollowed) {
+  // Mode fabric_pytorch_posix_fd: fabric access, gpumem's key left at auto, and PyTorch's setting
+  // (CUDAAllocatorConfig::set_expandable_segments_handle_type, before the first allocation)
+  // POSIX_FD.
+  if (env("GPUMEM_TORCH_TEST_MODE") != "fabric_pytorch_posix_fd") GTEST_SKIP() << "its own mode";
+  void* p = c10_alloc::raw_alloc(3 * MiB);
+  const fabric_vmm_handle h = parse_fabric_handle(c10_alloc::shareIpcHandle(p).handle);
+  if (h.version == 3) {
+    EXPECT_EQ(h.handle_type, 1);  // POSIX_FD
+  }
+  EXPECT_EQ(h.payload, h.pages * 4);  // a file descriptor a page
+  c10_alloc::raw_delete(p);
+}
+
+TEST(FabricRefused, FabricHandlesAskedForWithoutFabricAccessAreAClearError) {
+  if (env("GPUMEM_TORCH_TEST_MODE") != "fabric_refused") GTEST_SKIP() << "mode fabric_refused";
+  ASSERT_NE(gpumem::torch::installed(), nullptr);
+  // As PyTorch 2.13 and newer: the GPU's first allocation refuses, saying how to get out.
+  const std::string e = error_of([] { c10_alloc::raw_alloc(MiB); });
+  EXPECT_NE(e.find("does not support fabric access"), std::string::npos) << e;
+  EXPECT_NE(e.find("expandable_segments_handle_type:posix_fd"), std::string::npos) << e;
+}
+
 // --- PyTorch's own allocator and gpumem's expandable-segment handles
 // -----------------------------------------------------------------------------------------------
 // GPUMEM_TORCH_TEST_MODE=pytorch_ipc runs these with PyTorch's allocator (expandable_segments:True)
@@ -1772,6 +1907,10 @@ class InstallGpumem : public ::testing::Environment {
     // libtorch_cuda installs this hook in a full PyTorch; with c10 alone the test does.
     c10::cuda::_internal::setHasPrimaryContext(&has_primary_context);
     if (too_late_mode() || env("GPUMEM_TORCH_TEST_MODE") == "pytorch_ipc") return;
+    if (env("GPUMEM_TORCH_TEST_MODE") == "fabric_pytorch_posix_fd") {
+      c10_alloc::CUDAAllocatorConfig::set_expandable_segments_handle_type(
+          c10_alloc::Expandable_Segments_Handle_Type::POSIX_FD);
+    }
     gpumem::torch::install(env("GPUMEM_TORCH_TEST_CONF"));
   }
 };

@@ -804,7 +804,8 @@ class caching_allocator {
 
   /// The physical pages under live allocation `ptr`, exported for another process to open with
   /// opened_block (gpumem/device/shared_block.hpp, which says what both sides must agree on): one
-  /// POSIX file descriptor per page covering the block, in address order, owned by the caller.
+  /// POSIX file descriptor per page covering the block, in address order, owned by the caller (a
+  /// fabric handle per page instead where the device creates memory with fabric handles).
   /// For the expandable and stitch policies on a device that exports handles (cuda_vmm_device).
   /// Throws usage_error for a pointer that is not a live allocation, or for memory that cannot be
   /// shared this way (classic cudaMalloc segments: cudaIpcGetMemHandle shares them); cuda_error
@@ -822,10 +823,20 @@ class caching_allocator {
         out.offset = b->ptr - (s.ptr + first * s.page_size);
         out.size = b->requested_size;
         out.page_size = s.page_size;
+        bool fabric = false;
+        if constexpr (detail::has_export_fabric_handle_v<Device>) {
+          fabric = device_.shareable_handle_type() == Device::shareable_handle::fabric;
+        }
         try {
           for (std::size_t i = first; i < last; ++i) {
             const auto handle =
                 static_cast<typename Device::physical_handle>(vmm_.page(s.pages[i]).handle);
+            if constexpr (detail::has_export_fabric_handle_v<Device>) {
+              if (fabric) {
+                out.fabric.push_back(device_.export_fabric_handle(handle));
+                continue;
+              }
+            }
             out.fds.push_back(device_.export_handle(handle));
           }
         } catch (...) {

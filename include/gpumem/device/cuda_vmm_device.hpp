@@ -51,6 +51,7 @@
 
 #include "gpumem/device/cuda_device.hpp"
 #include "gpumem/device/device.hpp"
+#include "gpumem/device/shared_block.hpp"
 #include "gpumem/error.hpp"
 
 namespace gpumem {
@@ -172,11 +173,13 @@ class cuda_vmm_device : public cuda_device {
   static constexpr physical_handle invalid_physical_handle = 0;
 
   /// The kind of handle other processes and libraries can open the physical memory with
-  /// (CUmemAllocationProp::requestedHandleTypes). As PyTorch's expandable segments: POSIX file
-  /// descriptors by default; fabric handles (multi-node NVLink, IMEX channels) on request, falling
-  /// back to file descriptors where the GPU or the system refuses them; `none` for memory nobody
-  /// else opens.
-  enum class shareable_handle : unsigned char { none, posix_fd, fabric };
+  /// (CUmemAllocationProp::requestedHandleTypes). POSIX file descriptors by default; fabric
+  /// handles (multi-node NVLink, IMEX channels) on request, falling back to file descriptors where
+  /// the GPU or the system refuses them; `automatic`: fabric handles where fabric_supported()
+  /// says the full cycle works, else file descriptors, decided at the first create_physical (what
+  /// PyTorch 2.13 and newer do for expandable segments by default); `none` for memory nobody else
+  /// opens.
+  enum class shareable_handle : unsigned char { none, posix_fd, fabric, automatic };
 
   /// The GPU with ordinal `index`, its memory exportable as `handles`. Makes no CUDA call. Never
   /// throws.
@@ -185,8 +188,50 @@ class cuda_vmm_device : public cuda_device {
       : cuda_device(index), handles_(handles) {}
 
   /// The handle type new physical memory is created with: the one asked for, or what
-  /// create_physical fell back to (fabric -> posix_fd -> none) when the driver refused it.
+  /// create_physical fell back to (fabric -> posix_fd -> none) when the driver refused it, or
+  /// what `automatic` resolved to (it stays `automatic` until the first create_physical).
   shareable_handle shareable_handle_type() const noexcept { return handles_; }
+
+  /// Whether this GPU and system share memory with fabric handles: the GPU reports
+  /// CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, and one page created with
+  /// CU_MEM_HANDLE_TYPE_FABRIC exports and imports again (which fails without an IMEX channel,
+  /// as on a single H100/H200 server without the IMEX service). PyTorch makes the same cycle
+  /// after asking NVML for the GPU's fabric state. Costs a few driver calls and one page for a
+  /// moment; callers keep the answer. False when any step fails. Thread-safe; never throws.
+  bool fabric_supported() const noexcept {
+    try {
+      const detail::cuda_driver_api& api = driver();
+      CUdevice dev = 0;
+      int value = 0;
+      if (api.device_get(&dev, index()) != CUDA_SUCCESS ||
+          api.device_get_attribute(&value, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, dev) !=
+              CUDA_SUCCESS ||
+          value == 0) {
+        return false;
+      }
+      CUmemAllocationProp prop = allocation_prop();
+      std::size_t g = 0;
+      if (api.mem_get_allocation_granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
+          CUDA_SUCCESS) {
+        return false;
+      }
+      prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_FABRIC;
+      physical_handle made = invalid_physical_handle;
+      if (api.mem_create(&made, g, &prop, 0) != CUDA_SUCCESS) return false;
+      CUmemFabricHandle exported{};
+      physical_handle imported = invalid_physical_handle;
+      const bool ok = api.mem_export_to_shareable_handle(&exported, made, CU_MEM_HANDLE_TYPE_FABRIC,
+                                                         0) == CUDA_SUCCESS &&
+                      api.mem_import_from_shareable_handle(
+                          &imported, &exported, CU_MEM_HANDLE_TYPE_FABRIC) == CUDA_SUCCESS;
+      if (ok) (void)api.mem_release(imported);
+      (void)api.mem_release(made);
+      return ok;
+    } catch (...) {
+      (void)cudaGetLastError();
+      return false;
+    }
+  }
 
   /// True when device `device` exists and supports virtual memory management
   /// (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED). False when there is no GPU or no
@@ -269,6 +314,9 @@ class cuda_vmm_device : public cuda_device {
   /// granularity).
   physical_handle create_physical(std::size_t size) {
     const detail::cuda_driver_api& api = driver();
+    if (handles_ == shareable_handle::automatic) {
+      handles_ = fabric_supported() ? shareable_handle::fabric : shareable_handle::posix_fd;
+    }
     const bool rdma = gpu_direct_rdma_supported(api);
     for (;;) {
       CUmemAllocationProp prop = allocation_prop();
@@ -327,6 +375,49 @@ class cuda_vmm_device : public cuda_device {
                              index());
     }
     return fd;
+  }
+
+  /// cuMemExportToShareableHandle as a fabric handle: 64 bytes that any process allowed to (same
+  /// node, or the NVLink domain through IMEX) imports with import_fabric_handle; nothing to
+  /// close. Thread-safe. Throws cuda_error (CUDA_ERROR_INVALID_VALUE for memory created without
+  /// fabric handles: see shareable_handle_type()).
+  fabric_handle export_fabric_handle(physical_handle handle) const {
+    static_assert(sizeof(CUmemFabricHandle) == sizeof(fabric_handle),
+                  "CUmemFabricHandle is 64 opaque bytes");
+    const detail::cuda_driver_api& api = driver();
+    CUmemFabricHandle exported{};
+    const CUresult status =
+        api.mem_export_to_shareable_handle(&exported, handle, CU_MEM_HANDLE_TYPE_FABRIC, 0);
+    if (status != CUDA_SUCCESS) {
+      detail::throw_cu_error(api, status,
+                             fmt::format("cuMemExportToShareableHandle(&fabric, handle={:#x}, "
+                                         "CU_MEM_HANDLE_TYPE_FABRIC, 0)",
+                                         handle),
+                             index());
+    }
+    fabric_handle out{};
+    std::memcpy(out.data(), &exported, out.size());
+    return out;
+  }
+
+  /// cuMemImportFromShareableHandle of a fabric handle export_fabric_handle made (here or in
+  /// another process): a handle to the same physical memory, to map and release like one
+  /// create_physical made. Thread-safe. Throws cuda_error (CUDA_ERROR_NOT_PERMITTED without an
+  /// IMEX channel, CUDA_ERROR_NOT_SUPPORTED on a GPU without fabric handles).
+  physical_handle import_fabric_handle(const fabric_handle& bytes) const {
+    const detail::cuda_driver_api& api = driver();
+    CUmemFabricHandle received{};
+    std::memcpy(&received, bytes.data(), bytes.size());
+    physical_handle handle = invalid_physical_handle;
+    const CUresult status =
+        api.mem_import_from_shareable_handle(&handle, &received, CU_MEM_HANDLE_TYPE_FABRIC);
+    if (status != CUDA_SUCCESS) {
+      detail::throw_cu_error(api, status,
+                             "cuMemImportFromShareableHandle(&handle, &fabric, "
+                             "CU_MEM_HANDLE_TYPE_FABRIC)",
+                             index());
+    }
+    return handle;
   }
 
   /// cuMemImportFromShareableHandle of a POSIX file descriptor export_handle made (here or in
@@ -424,6 +515,7 @@ class cuda_vmm_device : public cuda_device {
       case shareable_handle::fabric:
         return CU_MEM_HANDLE_TYPE_FABRIC;
       case shareable_handle::none:
+      case shareable_handle::automatic:  // resolved before any creation
         break;
     }
     return CU_MEM_HANDLE_TYPE_NONE;

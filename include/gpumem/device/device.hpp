@@ -535,6 +535,20 @@ struct has_export_handle<D, std::void_t<decltype(std::declval<const D&>().export
 template <class D>
 inline constexpr bool has_export_handle_v = has_export_handle<D>::value;
 
+// Optional member of such a device whose memory may carry fabric handles instead (cuda_vmm_device):
+// fabric_handle export_fabric_handle(physical_handle) const, used when
+// shareable_handle_type() == D::shareable_handle::fabric.
+template <class D, class = void>
+struct has_export_fabric_handle : std::false_type {};
+template <class D>
+struct has_export_fabric_handle<
+    D, std::void_t<decltype(std::declval<const D&>().export_fabric_handle(
+                       std::declval<typename D::physical_handle>())),
+                   decltype(std::declval<const D&>().shareable_handle_type() ==
+                            D::shareable_handle::fabric)>> : std::true_type {};
+template <class D>
+inline constexpr bool has_export_fabric_handle_v = has_export_fabric_handle<D>::value;
+
 // Optional members of a device that exposes the graph a stream is being captured into
 // (cuda_device), for reusing a block freed with record_stream uses during a capture once the
 // graph orders its uses before new work (graph_capture_record_stream_reuse):

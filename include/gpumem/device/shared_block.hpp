@@ -3,11 +3,16 @@
 // cudaMalloc memory.
 //
 // The producer asks its allocator for the pages under a live block (expandable or stitch policy
-// on cuda_vmm_device, whose memory is created with POSIX file descriptors as shareable handles):
+// on cuda_vmm_device, whose memory is created with POSIX file descriptors as shareable handles,
+// or with fabric handles: cuda_vmm_device::shareable_handle):
 //
 //   gpumem::shared_block shared = allocator.share_block(ptr);   // one fd per page, owned here
 //   // send shared.fds over a Unix socket (SCM_RIGHTS), or let the consumer take them with
 //   // pidfd_getfd, with offset, size and page_size; then close them here
+//
+// Memory with fabric handles comes as shared.fabric instead: 64 opaque bytes a page, which the
+// consumer imports as they are (any process of the node, or of the NVLink domain with IMEX, that
+// receives the bytes; no descriptor passing, nothing to close).
 //
 // and the consumer maps them at an address of its own:
 //
@@ -23,6 +28,7 @@
 // pidfd_getfd needs ptrace permission over the producer, which many containers deny.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -34,7 +40,12 @@
 
 namespace gpumem {
 
-/// The pages under one allocation, exported: `fds[i]` names the physical page mapped at
+/// A fabric handle (CUmemFabricHandle): 64 opaque bytes that name physical memory to every
+/// process allowed to import it.
+using fabric_handle = std::array<unsigned char, 64>;
+
+/// The pages under one allocation, exported: `fds[i]` (POSIX file descriptors) or `fabric[i]`
+/// (fabric handles; then `fds` is empty) names the physical page mapped at
 /// [i * page_size, (i + 1) * page_size) of the run that holds it; the allocation starts `offset`
 /// bytes into the first page and is `size` bytes long.
 struct shared_block {
@@ -42,6 +53,10 @@ struct shared_block {
   std::size_t size = 0;
   std::size_t page_size = 0;
   std::vector<int> fds;
+  std::vector<fabric_handle> fabric;
+
+  /// The number of pages, whichever kind of handle names them.
+  std::size_t pages() const noexcept { return fds.empty() ? fabric.size() : fds.size(); }
 };
 
 /// Closes the descriptors of `shared` (the producer, once they are sent; the consumer, once
@@ -55,7 +70,8 @@ inline void close_descriptors(shared_block& shared) noexcept {
 
 /// A shared_block mapped in this process: an address range of its own, each page imported and
 /// mapped in order, readable and writable from the device. Unmapped and released on destruction.
-/// `Device` is a VMM device that imports handles (cuda_vmm_device). Not copyable; movable.
+/// `Device` is a VMM device that imports handles (cuda_vmm_device: import_handle for file
+/// descriptors, import_fabric_handle for fabric handles). Not copyable; movable.
 template <class Device>
 class opened_block {
  public:
@@ -65,7 +81,7 @@ class opened_block {
   /// (a descriptor that names no exported memory), with nothing left mapped or imported.
   opened_block(Device& device, const shared_block& shared) : device_(&device) {
     const std::size_t g = device.granularity();
-    const std::size_t n = shared.fds.size();
+    const std::size_t n = shared.pages();
     if (n == 0 || shared.page_size == 0 || shared.page_size % g != 0 ||
         shared.offset > n * shared.page_size ||
         shared.size > n * shared.page_size - shared.offset) {
@@ -80,6 +96,11 @@ class opened_block {
     try {
       handles_.reserve(n);
       for (int fd : shared.fds) handles_.push_back(device.import_handle(fd));
+      if (shared.fds.empty()) {
+        for (const fabric_handle& f : shared.fabric) {
+          handles_.push_back(device.import_fabric_handle(f));
+        }
+      }
       for (; mapped < n; ++mapped) {
         device.map(va_ + mapped * shared.page_size, shared.page_size, 0, handles_[mapped]);
       }

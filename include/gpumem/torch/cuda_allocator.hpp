@@ -65,10 +65,8 @@
 #if GPUMEM_TORCH_AT_LEAST(2, 9)
 #include <c10/core/AllocatorConfig.h>  // the settings' parse hook (follow_allocator_settings)
 #endif
+#include <c10/cuda/CUDAAllocatorConfig.h>  // the expandable-segment handle type; run-time keys
 #include <c10/cuda/CUDACachingAllocator.h>
-#if GPUMEM_TORCH_AT_LEAST(2, 9)
-#include <c10/cuda/CUDAAllocatorConfig.h>  // graph_capture_record_stream_reuse at run time
-#endif
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
@@ -288,6 +286,8 @@ struct device_state {
   // whatever the setting is then. Read without a lock; set once, under pools_mutex.
   std::unique_ptr<device_allocator> legacy_owner;
   std::atomic<device_allocator*> legacy{nullptr};
+  // Whether this GPU imports fabric handles (cuda_vmm_device::fabric_supported): -1 not asked yet.
+  std::atomic<int> fabric_access{-1};
 };
 
 }  // namespace detail
@@ -1009,12 +1009,14 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   // (torch 2.13) also the handle type (PyTorch's Expandable_Segments_Handle_Type: 1 POSIX file
   // descriptors, 2 fabric handles) and 4 zero bytes — then one int per page: the producer's file
   // descriptor for it (cuMemExportToShareableHandle, POSIX), which the consumer duplicates with
-  // pidfd_getfd. The pages are those under the block, from the one holding its first byte to the
-  // one holding its last, as PyTorch shares them; the handle's offset is the block's distance from
-  // the first page. PyTorch's pages are its segment's (2 MiB small, 20 MiB large), gpumem's its
-  // range's: the same under expandable, the granularity (2 MiB) under stitch, where a block lies on
-  // part of a range and its pages may be mapped at a second address too — the descriptors name the
-  // physical pages, wherever they are mapped.
+  // pidfd_getfd; or, for memory created with fabric handles (expandable_segments_handle_type),
+  // the page's 64-byte CUmemFabricHandle, which the consumer imports as it is (version 2 does not
+  // name the type: 64 bytes a page tell). The pages are those under the block, from the one holding
+  // its first byte to the one holding its last, as PyTorch shares them; the handle's offset is the
+  // block's distance from the first page. PyTorch's pages are its segment's (2 MiB small, 20 MiB
+  // large), gpumem's its range's: the same under expandable, the granularity (2 MiB) under stitch,
+  // where a block lies on part of a range and its pages may be mapped at a second address too — the
+  // descriptors name the physical pages, wherever they are mapped.
   struct vmm_share_header {
     std::int32_t pid;
     std::uint32_t zero;  // PyTorch's padding, zeroed so that equal handles are equal strings
@@ -1059,21 +1061,25 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
       vmm_exports_count_.store(vmm_exports_.size(), std::memory_order_release);
     }
     const shared_block& s = it->second;
+    const bool fabric = !s.fabric.empty();
     vmm_share_header header{};
     header.pid = static_cast<std::int32_t>(::getpid());
     header.page_size = s.page_size;
-    header.pages = s.fds.size();
+    header.pages = s.pages();
     std::string out;
     out.push_back(vmm_handle_version);
     out.push_back('e');
     out.append(reinterpret_cast<const char*>(&header), sizeof header);
     if constexpr (vmm_handle_version >= 3) {
-      const vmm_share_handle_type type{vmm_posix_fd, 0};
+      const vmm_share_handle_type type{fabric ? vmm_fabric : vmm_posix_fd, 0};
       out.append(reinterpret_cast<const char*>(&type), sizeof type);
     }
     for (const int fd : s.fds) {
       const std::int32_t v = fd;
       out.append(reinterpret_cast<const char*>(&v), sizeof v);
+    }
+    for (const fabric_handle& f : s.fabric) {
+      out.append(reinterpret_cast<const char*>(f.data()), f.size());
     }
     return c10_alloc::ShareableHandle{static_cast<std::ptrdiff_t>(s.offset), std::move(out)};
   }
@@ -1102,51 +1108,59 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
                 "allocator's up to torch 2.12, and from torch 2.13). ", ipc_cuda_malloc_advice);
     std::memcpy(&header, handle.data() + 2, sizeof header);
     std::size_t header_size = sizeof header;
+    bool fabric = false;
     if (version == 3) {
       vmm_share_handle_type type{};
       TORCH_CHECK(handle.size() >= 2 + sizeof header + sizeof type, "gpumem: getIpcDevPtr: a ",
                   "version-3 expandable-segment handle of ", handle.size(), " bytes is too short");
       std::memcpy(&type, handle.data() + 2 + sizeof header, sizeof type);
-      if (type.type == vmm_fabric) {
-        detail::not_supported(
-            "opening an expandable segment shared with fabric handles",
-            "gpumem imports POSIX file descriptors only, and the producer's PyTorch chose "
-            "fabric handles (Expandable_Segments_Handle_Type FABRIC_HANDLE, on GPUs with fabric "
-            "access): share this tensor from cudaMalloc memory there "
-            "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False)");
-      }
-      TORCH_CHECK(type.type == vmm_posix_fd, "gpumem: getIpcDevPtr: an expandable-segment ",
-                  "handle of unknown handle type ", type.type,
-                  " (1: POSIX file descriptors, 2: fabric handles)");
+      TORCH_CHECK(type.type == vmm_posix_fd || type.type == vmm_fabric,
+                  "gpumem: getIpcDevPtr: ", "an expandable-segment handle of unknown handle type ",
+                  type.type, " (1: POSIX file descriptors, 2: fabric handles)");
       header_size += sizeof type;
+      fabric = type.type == vmm_fabric;
     }
     const std::size_t payload = handle.size() - 2 - header_size;
     TORCH_CHECK(
         header.pages > 0 && header.page_size > 0 && header.pages <= payload / sizeof(std::int32_t),
         "gpumem: getIpcDevPtr: malformed expandable-segment handle (", header.pages, " pages of ",
         header.page_size, " bytes, ", payload, " bytes of handles)");
-    if (payload != header.pages * sizeof(std::int32_t)) {
-      detail::not_supported(
-          "opening an expandable segment shared with fabric handles",
-          payload == header.pages * 64
-              ? std::string("gpumem imports POSIX file descriptors only")
-              : fmt::format("{} bytes of handles for {} pages", payload, header.pages));
-    }
-    std::vector<int> remote(header.pages);
-    for (std::size_t i = 0; i < remote.size(); ++i) {
-      std::int32_t fd = 0;
-      std::memcpy(&fd, handle.data() + 2 + header_size + i * sizeof fd, sizeof fd);
-      remote[i] = fd;
-    }
+    // Version 2 does not name the handle type: 64 bytes a page are fabric handles.
+    if (version == 2 && payload == header.pages * sizeof(fabric_handle)) fabric = true;
+    const std::size_t per_page = fabric ? sizeof(fabric_handle) : sizeof(std::int32_t);
+    TORCH_CHECK(payload == header.pages * per_page, "gpumem: getIpcDevPtr: malformed ",
+                "expandable-segment handle (", payload, " bytes of ",
+                fabric ? "fabric handles" : "file descriptors", " for ", header.pages, " pages)");
     const c10::DeviceIndex device = c10::cuda::current_device();
     detail::device_state& s = state(device);
+    // As PyTorch, a GPU without fabric access refuses fabric handles before importing any.
+    TORCH_CHECK(!fabric || fabric_access(s), "gpumem: getIpcDevPtr: process ", header.pid,
+                " shared an expandable segment with fabric handles, but CUDA device ",
+                static_cast<int>(device), " does not support fabric access (fabric handles need ",
+                "CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED and an IMEX channel). Configure ",
+                "expandable_segments_handle_type:posix_fd on the producer, or share from ",
+                "cudaMalloc memory there (expandable_segments:False)");
     std::lock_guard<std::mutex> lock(ipc_mutex_);
     if (auto open = ipc_open_[handle].lock()) return open;
     ipc_open_.erase(handle);
     shared_block received;
     received.page_size = header.page_size;
     received.size = header.pages * header.page_size;
-    received.fds = take_descriptors(header.pid, remote);
+    const char* payload_start = handle.data() + 2 + header_size;
+    if (fabric) {
+      received.fabric.resize(header.pages);
+      for (std::size_t i = 0; i < received.fabric.size(); ++i) {
+        std::memcpy(received.fabric[i].data(), payload_start + i * per_page, per_page);
+      }
+    } else {
+      std::vector<int> remote(header.pages);
+      for (std::size_t i = 0; i < remote.size(); ++i) {
+        std::int32_t fd = 0;
+        std::memcpy(&fd, payload_start + i * per_page, sizeof fd);
+        remote[i] = fd;
+      }
+      received.fds = take_descriptors(header.pid, remote);
+    }
     std::shared_ptr<opened_block<cuda_vmm_device>> view;
     try {
       view = std::make_shared<opened_block<cuda_vmm_device>>(s.device, received);
@@ -1241,6 +1255,9 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
           !cuda_vmm_device::supported(device)) {
         s.config.policy = allocator_policy::classic;  // as PyTorch falls back from expandable
       }
+      if (s.config.effective_policy(true) != allocator_policy::classic) {
+        s.device = cuda_vmm_device(device, handle_type_for(s));
+      }
       try {
         s.main = make_allocator(s, {0, 0});
       } catch (const std::exception& e) {
@@ -1249,6 +1266,44 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
       }
     });
     return s;
+  }
+
+  // The handle type GPU `s` creates VMM memory with: gpumem's expandable_segments_handle_type,
+  // else PyTorch's setting of that name where set from C++. `fabric` on a GPU without fabric
+  // access is refused, as PyTorch 2.13 and newer refuse it.
+  static cuda_vmm_device::shareable_handle handle_type_for(detail::device_state& s) {
+    vmm_handle_type type = s.config.expandable_segments_handle_type;
+    if (type == vmm_handle_type::automatic) {
+      using pytorch_type = c10_alloc::Expandable_Segments_Handle_Type;
+      const pytorch_type set = c10_alloc::CUDAAllocatorConfig::expandable_segments_handle_type();
+      if (set == pytorch_type::POSIX_FD) type = vmm_handle_type::posix_fd;
+      if (set == pytorch_type::FABRIC_HANDLE) type = vmm_handle_type::fabric;
+    }
+    switch (type) {
+      case vmm_handle_type::posix_fd:
+        return cuda_vmm_device::shareable_handle::posix_fd;
+      case vmm_handle_type::fabric:
+        TORCH_CHECK(fabric_access(s), "gpumem: expandable_segments_handle_type:fabric, but CUDA ",
+                    "device ", s.device.index(), " does not support fabric access (fabric ",
+                    "handles need CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED and an IMEX ",
+                    "channel). Set expandable_segments_handle_type:posix_fd in GPUMEM_ALLOC_CONF, ",
+                    "or use policy:classic");
+        return cuda_vmm_device::shareable_handle::fabric;
+      case vmm_handle_type::automatic:
+        break;
+    }
+    return fabric_access(s) ? cuda_vmm_device::shareable_handle::fabric
+                            : cuda_vmm_device::shareable_handle::posix_fd;
+  }
+
+  // Whether GPU `s` exports and imports fabric handles, asked once.
+  static bool fabric_access(detail::device_state& s) {
+    int known = s.fabric_access.load(std::memory_order_acquire);
+    if (known < 0) {
+      known = s.device.fabric_supported() ? 1 : 0;
+      s.fabric_access.store(known, std::memory_order_release);
+    }
+    return known == 1;
   }
 
   std::unique_ptr<device_allocator> make_allocator(detail::device_state& s, mempool_id id) {

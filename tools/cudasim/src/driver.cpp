@@ -481,7 +481,8 @@ CUresult cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevice dev) 
       [&](simulator& sim) -> int {
         if (pi == nullptr) return invalid_value;
         if (check_device(sim, dev) != ok) return invalid_device;
-        return device_attribute(static_cast<int>(attrib), *pi, dev) ? ok : invalid_value;
+        return device_attribute(static_cast<int>(attrib), *pi, dev, sim.config()) ? ok
+                                                                                  : invalid_value;
       });
 }
 
@@ -737,11 +738,20 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
       [&](simulator& sim) -> int {
         if (handle == nullptr || flags != 0) return invalid_value;
         if (const int s = check_prop(sim, prop); s != ok) return s;
-        // No simulated device has fabric handles (CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED
-        // is 0): asking for one is refused as on such a GPU, which PyTorch and gpumem fall back
-        // from to POSIX file descriptors.
+        // Fabric handles as GPUMEM_SIM_FABRIC says: refused without an IMEX channel (the
+        // default, an H100/H200 server) or on a GPU without them, which PyTorch and gpumem fall
+        // back from to POSIX file descriptors.
         const auto types = static_cast<unsigned>(prop->requestedHandleTypes);
-        if ((types & static_cast<unsigned>(CU_MEM_HANDLE_TYPE_FABRIC)) != 0) return not_supported;
+        if ((types & static_cast<unsigned>(CU_MEM_HANDLE_TYPE_FABRIC)) != 0) {
+          switch (sim.config().fabric) {
+            case fabric_support::unsupported:
+              return not_supported;
+            case fabric_support::no_imex:
+              return not_permitted;
+            case fabric_support::imex:
+              break;
+          }
+        }
         // GPUDirect RDMA on VMM memory only where the GPU reports it (the simulated one does).
         const bool rdma = prop->allocFlags.gpuDirectRDMACapable != 0;
         int rdma_supported = 0;
@@ -793,6 +803,12 @@ CUresult cuMemExportToShareableHandle(void* shareable, CUmemGenericAllocationHan
       },
       [&](simulator& sim) -> int {
         if (shareable == nullptr || flags != 0) return invalid_value;
+        if (type == CU_MEM_HANDLE_TYPE_FABRIC) {
+          CUmemFabricHandle fabric{};
+          const int s = sim.export_fabric_handle(handle, fabric.data);
+          if (s == ok) std::memcpy(shareable, &fabric, sizeof fabric);
+          return s;
+        }
         int fd = -1;
         const int s = sim.export_handle(handle, static_cast<unsigned>(type), fd);
         if (s == ok) *static_cast<int*>(shareable) = fd;
@@ -807,6 +823,15 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, vo
       [&] { return fmt::format("&handle, {}, {}", ptr(os_handle), static_cast<int>(type)); },
       [&](simulator& sim) -> int {
         if (handle == nullptr) return invalid_value;
+        if (type == CU_MEM_HANDLE_TYPE_FABRIC) {  // os_handle points at a CUmemFabricHandle
+          if (os_handle == nullptr) return invalid_value;
+          CUmemFabricHandle fabric{};
+          std::memcpy(&fabric, os_handle, sizeof fabric);
+          std::uint64_t h = 0;
+          const int s = sim.import_fabric_handle(fabric.data, h);
+          if (s == ok) *handle = static_cast<CUmemGenericAllocationHandle>(h);
+          return s;
+        }
         // A POSIX file descriptor travels in the pointer's bits (cuda.h).
         const int fd = static_cast<int>(reinterpret_cast<std::uintptr_t>(os_handle));
         std::uint64_t h = 0;

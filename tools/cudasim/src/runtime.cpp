@@ -460,7 +460,9 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
       [&](simulator& sim) -> int {
         if (value == nullptr) return invalid_value;
         if (const int s = check_device(sim, device); s != ok) return s;
-        return device_attribute(static_cast<int>(attr), *value, device) ? ok : invalid_value;
+        return device_attribute(static_cast<int>(attr), *value, device, sim.config())
+                   ? ok
+                   : invalid_value;
       });
 }
 
@@ -479,9 +481,9 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
         std::memcpy(p.uuid.bytes, uuid, sizeof p.uuid.bytes);
         p.uuid.bytes[sizeof p.uuid.bytes - 1] = static_cast<char>('0' + device % 64);
         p.totalGlobalMem = sim.device(device).total_memory();
-        const auto attr = [device](cudaDeviceAttr a) {
+        const auto attr = [device, &sim](cudaDeviceAttr a) {
           int v = 0;
-          (void)device_attribute(static_cast<int>(a), v, device);
+          (void)device_attribute(static_cast<int>(a), v, device, sim.config());
           return v;
         };
         p.sharedMemPerBlock = static_cast<size_t>(attr(cudaDevAttrMaxSharedMemoryPerBlock));

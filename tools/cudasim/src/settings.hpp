@@ -32,6 +32,21 @@ enum class strictness : std::uint8_t {
   abort,   ///< the process aborts after reporting it (GPUMEM_SIM_STRICT=abort)
 };
 
+/// What the simulated GPUs and system offer for fabric handles (CU_MEM_HANDLE_TYPE_FABRIC).
+enum class fabric_support : std::uint8_t {
+  /// The GPU has them (CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED is 1, as on Hopper and
+  /// newer) but the process has no IMEX channel (/dev/nvidia-caps-imex-channels), which a node
+  /// without an IMEX service lacks: cuMemCreate asking for them is CUDA_ERROR_NOT_PERMITTED. The
+  /// default: an H100 or H200 server.
+  no_imex,
+  /// IMEX channel present: memory is created with fabric handles, exported as 64 opaque bytes and
+  /// imported from them (GPUMEM_SIM_FABRIC=imex).
+  imex,
+  /// The GPU has none (the attribute is 0; cuMemCreate asking is CUDA_ERROR_NOT_SUPPORTED), as on
+  /// GPUs before Hopper (GPUMEM_SIM_FABRIC=unsupported).
+  unsupported,
+};
+
 /// The most simulated devices (a device's peers are a 64-bit mask).
 inline constexpr int max_devices = 64;
 
@@ -46,6 +61,7 @@ struct settings {
   strictness strict = strictness::report;  ///< GPUMEM_SIM_STRICT
   fault_injection faults{};  ///< GPUMEM_SIM_FAIL_NTH / _ABOVE / _PROBABILITY, _SEED (per device)
   std::string log;           ///< GPUMEM_SIM_LOG: "", "stderr" or a path
+  fabric_support fabric = fabric_support::no_imex;  ///< GPUMEM_SIM_FABRIC
 };
 
 namespace detail {
@@ -157,6 +173,16 @@ inline settings read_settings() {
     s.faults.seed = detail::parse_count("GPUMEM_SIM_SEED", v);
   }
   if (const char* v = detail::env("GPUMEM_SIM_LOG")) s.log = v;
+  if (const char* v = detail::env("GPUMEM_SIM_FABRIC")) {
+    const std::string_view text(v);
+    if (text == "imex") {
+      s.fabric = fabric_support::imex;
+    } else if (text == "unsupported") {
+      s.fabric = fabric_support::unsupported;
+    } else if (text != "no_imex") {
+      detail::bad_setting("GPUMEM_SIM_FABRIC", v, "no_imex, imex or unsupported");
+    }
+  }
   return s;
 }
 
@@ -219,8 +245,10 @@ inline constexpr attribute_value device_attributes[] = {
     {CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED, 1},
     {CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 1},
     // VMM memory exported as POSIX file descriptors and imported again in the same process
-    // (cuMemExportToShareableHandle / cuMemImportFromShareableHandle); no fabric handles.
+    // (cuMemExportToShareableHandle / cuMemImportFromShareableHandle); fabric handles as
+    // GPUMEM_SIM_FABRIC says (device_attribute with the settings).
     {CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, 1},
+    {CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, 1},
     // GPUDirect RDMA on VMM memory (allocFlags.gpuDirectRDMACapable), as NCCL's network
     // transports want for registered buffers.
     {CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, 1},
@@ -246,6 +274,16 @@ inline bool device_attribute(int attr, int& value, int device = 0) noexcept {
     if (a.attr == attr) value = a.value;
   }
   if (attr == CU_DEVICE_ATTRIBUTE_PCI_BUS_ID) value += device;
+  return true;
+}
+
+/// device_attribute as `s` configures the devices: CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED
+/// is 0 under GPUMEM_SIM_FABRIC=unsupported. Thread-safe; never throws.
+inline bool device_attribute(int attr, int& value, int device, const settings& s) noexcept {
+  if (!device_attribute(attr, value, device)) return false;
+  if (attr == CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED) {
+    value = s.fabric == fabric_support::unsupported ? 0 : 1;
+  }
   return true;
 }
 

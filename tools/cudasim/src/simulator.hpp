@@ -476,12 +476,15 @@ class simulator {
     for (auto e = exported_.begin(); e != exported_.end();) {
       e = e->second == handle ? exported_.erase(e) : std::next(e);
     }
+    for (auto e = fabric_exported_.begin(); e != fabric_exported_.end();) {
+      e = e->second == handle ? fabric_exported_.erase(e) : std::next(e);
+    }
     return ok;
   }
 
   /// cuMemExportToShareableHandle(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR): a new file
   /// descriptor (a memfd standing for the allocation; the caller closes it) for a live handle
-  /// created with that type requested. Fabric handles are not simulated (no device has them).
+  /// created with that type requested. Fabric handles: export_fabric_handle.
   status export_handle(std::uint64_t handle, unsigned type, int& fd) {
     std::lock_guard<std::mutex> lock(mutex_);
     const auto it = handles_.find(handle);
@@ -514,6 +517,78 @@ class simulator {
     exported_[{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)}] =
         handle;
     fd = made;
+    return ok;
+  }
+
+  /// The bytes of a simulated fabric handle (CUmemFabricHandle: 64 opaque bytes).
+  static constexpr std::size_t fabric_handle_size = 64;
+
+  /// cuMemExportToShareableHandle(CU_MEM_HANDLE_TYPE_FABRIC): 64 bytes naming a live handle
+  /// created with that type requested (only under GPUMEM_SIM_FABRIC=imex). The bytes are opaque
+  /// to the caller: a tag, the exporting process and the handle, and a per-export secret, so that
+  /// bytes made up elsewhere do not import. Exporting the same memory twice gives the same bytes,
+  /// as the driver does.
+  status export_fabric_handle(std::uint64_t handle, unsigned char* out) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = handles_.find(handle);
+    if (it == handles_.end()) {
+      throw cuda_error(invalid_handle, fmt::format("cuMemExportToShareableHandle(handle={:#x}, "
+                                                   "FABRIC): unknown or released handle",
+                                                   handle));
+    }
+    if ((it->second.types & CU_MEM_HANDLE_TYPE_FABRIC) == 0) {
+      throw cuda_error(invalid_value,
+                       fmt::format("cuMemExportToShareableHandle(handle={:#x}): the memory was "
+                                   "created without CU_MEM_HANDLE_TYPE_FABRIC in "
+                                   "requestedHandleTypes",
+                                   handle));
+    }
+    for (const auto& [bytes, h] : fabric_exported_) {
+      if (h == handle) {
+        std::memcpy(out, bytes.data(), bytes.size());
+        return ok;
+      }
+    }
+    std::array<unsigned char, fabric_handle_size> bytes{};
+    constexpr char tag[] = "cudasim-fabric";
+    std::memcpy(bytes.data(), tag, sizeof tag - 1);
+    const std::uint64_t pid = static_cast<std::uint64_t>(::getpid());
+    const std::uint64_t secret = fabric_secret_ += 0x9e3779b97f4a7c15ULL;
+    std::memcpy(bytes.data() + 16, &pid, sizeof pid);
+    std::memcpy(bytes.data() + 24, &handle, sizeof handle);
+    std::memcpy(bytes.data() + 32, &secret, sizeof secret);
+    fabric_exported_.emplace(bytes, handle);
+    std::memcpy(out, bytes.data(), bytes.size());
+    return ok;
+  }
+
+  /// cuMemImportFromShareableHandle(CU_MEM_HANDLE_TYPE_FABRIC) of 64 bytes export_fabric_handle
+  /// made in this process or in the process this one was forked from (whose simulated GPU this
+  /// one copies): the same allocation, one more reference to release. CUDA_ERROR_NOT_PERMITTED
+  /// without an IMEX channel, CUDA_ERROR_NOT_SUPPORTED on a GPU without fabric handles (as the
+  /// driver), CUDA_ERROR_INVALID_VALUE for bytes that name no live exported memory.
+  status import_fabric_handle(const unsigned char* in, std::uint64_t& out) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (settings_.fabric == fabric_support::unsupported) {
+      throw cuda_error(not_supported,
+                       "cuMemImportFromShareableHandle(FABRIC): the GPU has no "
+                       "fabric handles (GPUMEM_SIM_FABRIC=unsupported)");
+    }
+    if (settings_.fabric == fabric_support::no_imex) {
+      throw cuda_error(not_permitted,
+                       "cuMemImportFromShareableHandle(FABRIC): no IMEX channel "
+                       "(GPUMEM_SIM_FABRIC=no_imex)");
+    }
+    std::array<unsigned char, fabric_handle_size> bytes{};
+    std::memcpy(bytes.data(), in, bytes.size());
+    const auto e = fabric_exported_.find(bytes);
+    if (e == fabric_exported_.end() || handles_.count(e->second) == 0) {
+      throw cuda_error(invalid_value,
+                       "cuMemImportFromShareableHandle(FABRIC): the handle names "
+                       "no live exported allocation");
+    }
+    ++handles_.at(e->second).imports;
+    out = e->second;
     return ok;
   }
 
@@ -2197,6 +2272,8 @@ class simulator {
   };
   std::unordered_map<std::uint64_t, handle_state> handles_;
   std::map<std::pair<std::uint64_t, std::uint64_t>, std::uint64_t> exported_;  // (dev, inode)
+  std::map<std::array<unsigned char, fabric_handle_size>, std::uint64_t> fabric_exported_;
+  std::uint64_t fabric_secret_ = 0x5bd1e9955bd1e995ULL;
 
   std::unordered_map<std::uint64_t, capture_state> captures_;  // under way (incl. invalidated)
   std::unordered_map<std::uintptr_t, graph_state> graphs_;

@@ -25,6 +25,7 @@ enum status : int {
   not_ready = 600,           ///< cudaErrorNotReady, CUDA_ERROR_NOT_READY
   already_registered = 712,  ///< cudaErrorHostMemoryAlreadyRegistered, CUDA_ERROR_HOST_MEMORY_...
   not_registered = 713,      ///< cudaErrorHostMemoryNotRegistered, CUDA_ERROR_HOST_MEMORY_...
+  not_permitted = 800,       ///< cudaErrorNotPermitted, CUDA_ERROR_NOT_PERMITTED
   not_supported = 801,       ///< cudaErrorNotSupported, CUDA_ERROR_NOT_SUPPORTED
   unknown = 999,             ///< cudaErrorUnknown, CUDA_ERROR_UNKNOWN
   peer_access_unsupported = 217,      ///< cudaErrorPeerAccessUnsupported, CUDA_ERROR_PEER_...
@@ -62,6 +63,7 @@ static_assert(same_value(already_registered, cudaErrorHostMemoryAlreadyRegistere
                          CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED));
 static_assert(same_value(not_registered, cudaErrorHostMemoryNotRegistered,
                          CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED));
+static_assert(same_value(not_permitted, cudaErrorNotPermitted, CUDA_ERROR_NOT_PERMITTED));
 static_assert(same_value(not_supported, cudaErrorNotSupported, CUDA_ERROR_NOT_SUPPORTED));
 static_assert(same_value(unknown, cudaErrorUnknown, CUDA_ERROR_UNKNOWN));
 static_assert(same_value(peer_access_unsupported, cudaErrorPeerAccessUnsupported,
