@@ -470,11 +470,7 @@ class caching_allocator {
   void set_run_time_settings(const allocator_config& settings) {
     std::lock_guard<detail::spin_mutex> lock(mutex_);
     allocator_config next = config_;
-    next.max_split_size = settings.max_split_size;
-    next.max_non_split_rounding = settings.max_non_split_rounding;
-    next.large_segment_size = settings.large_segment_size;
-    next.roundup_power2_divisions = settings.roundup_power2_divisions;
-    next.garbage_collection_threshold = settings.garbage_collection_threshold;
+    next.take_run_time_settings(settings);
     next.validate();
     max_split_changed_ = max_split_changed_ || next.max_split_size != config_.max_split_size;
     config_ = std::move(next);
