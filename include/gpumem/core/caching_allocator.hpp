@@ -3,8 +3,9 @@
 // docs/architecture.md defines the words used here (segment, block, pool, range, page, shared
 // page, ...) and follows one allocation through this file, policy by policy. This class
 // orchestrates: its components under core/detail/ (pools, free index, counters, pointer map, VMM
-// pages, stitch's decisions, policy rules, events, the invariant checker) each do one job and
-// check their own invariants; "Components" in docs/architecture.md is the contract between them.
+// pages, the VMM policies' decisions on a miss in vmm_growth, stitch's thresholds, policy rules,
+// events, the invariant checker) each do one job and check their own invariants; "Components" in
+// docs/architecture.md is the contract between them.
 //
 // The classic policy reproduces PyTorch's native CUDACachingAllocator decision for decision
 // (rounding, pools, segment sizes, split rules, oversize rules, the retry order on device OOM,
