@@ -846,3 +846,25 @@ TEST(config_errors, parse_leaves_nothing_half_applied) {
 }
 
 }  // namespace
+
+// The keys that may change at run time, shared by caching_allocator and the LibTorch adapter.
+TEST(config_run_time, take_run_time_settings_copies_those_five_keys_only) {
+  const allocator_config from = allocator_config::parse(
+      "max_split_size_mb:64,max_non_split_rounding_mb:128,roundup_power2_divisions:8,"
+      "garbage_collection_threshold:0.7,per_process_memory_fraction:0.5,"
+      "expandable_segments:True,policy:classic,release_lock_on_cudamalloc:True");
+  allocator_config to = allocator_config::parse("large_segment_size_mb:40");
+  to.take_run_time_settings(from);
+  EXPECT_EQ(to.max_split_size, from.max_split_size);
+  EXPECT_EQ(to.max_non_split_rounding, from.max_non_split_rounding);
+  EXPECT_EQ(to.large_segment_size, from.large_segment_size);
+  EXPECT_EQ(to.roundup_power2_divisions, from.roundup_power2_divisions);
+  EXPECT_EQ(to.garbage_collection_threshold, from.garbage_collection_threshold);
+  // Everything else keeps its value.
+  allocator_config expected = from;
+  expected.per_process_memory_fraction = std::nullopt;
+  expected.expandable_segments = false;
+  expected.policy = allocator_policy::automatic;
+  expected.release_lock_on_cudamalloc = false;
+  EXPECT_EQ(to, expected);
+}

@@ -185,6 +185,12 @@ struct allocator_config {
   /// (position: npos); thread-safe.
   void validate() const;
 
+  /// Copies from `from` the keys PyTorch lets a program change while it runs, as the allocator
+  /// and the LibTorch adapter apply them: max_split_size, max_non_split_rounding,
+  /// large_segment_size, roundup_power2_divisions, garbage_collection_threshold. Every other key
+  /// keeps its value; nothing is validated. Never throws.
+  void take_run_time_settings(const allocator_config& from) noexcept;
+
   /// One line for each set key that gpumem accepts but does not honour, saying why; empty when
   /// everything set takes effect. Thread-safe; may throw std::bad_alloc.
   std::vector<std::string> notes() const;
@@ -1089,6 +1095,14 @@ inline std::size_t allocator_config::divisions_for(std::size_t size) const noexc
 
 inline bool allocator_config::has_memory_cap() const noexcept {
   return per_process_memory_fraction.has_value() && *per_process_memory_fraction < 1.0;
+}
+
+inline void allocator_config::take_run_time_settings(const allocator_config& from) noexcept {
+  max_split_size = from.max_split_size;
+  max_non_split_rounding = from.max_non_split_rounding;
+  large_segment_size = from.large_segment_size;
+  roundup_power2_divisions = from.roundup_power2_divisions;
+  garbage_collection_threshold = from.garbage_collection_threshold;
 }
 
 inline void allocator_config::validate() const {

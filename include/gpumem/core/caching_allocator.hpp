@@ -3,8 +3,9 @@
 // docs/architecture.md defines the words used here (segment, block, pool, range, page, shared
 // page, ...) and follows one allocation through this file, policy by policy. This class
 // orchestrates: its components under core/detail/ (pools, free index, counters, pointer map, VMM
-// pages, stitch's decisions, policy rules, events, the invariant checker) each do one job and
-// check their own invariants; "Components" in docs/architecture.md is the contract between them.
+// pages, the VMM policies' decisions on a miss in vmm_growth, stitch's thresholds, policy rules,
+// events, the invariant checker) each do one job and check their own invariants; "Components" in
+// docs/architecture.md is the contract between them.
 //
 // The classic policy reproduces PyTorch's native CUDACachingAllocator decision for decision
 // (rounding, pools, segment sizes, split rules, oversize rules, the retry order on device OOM,
@@ -51,6 +52,7 @@
 #include "gpumem/core/detail/pools.hpp"
 #include "gpumem/core/detail/spin_mutex.hpp"
 #include "gpumem/core/detail/stitch_policy.hpp"
+#include "gpumem/core/detail/vmm_growth.hpp"
 #include "gpumem/core/detail/vmm_pages.hpp"
 #include "gpumem/core/size_policy.hpp"
 #include "gpumem/device/detail/stream_event_queue.hpp"
@@ -223,15 +225,16 @@ class caching_allocator {
   /// Throws config_error when a setting is out of range (allocator_config::validate).
   explicit caching_allocator(Device& device,
                              allocator_config config = allocator_config::from_environment())
-      : device_(device), config_(std::move(config)), vmm_(device), stitch_(config_) {
+      : device_(device), config_(std::move(config)), vmm_(device), growth_(rules_, config_, 0) {
     config_.validate();
     policy_ = config_.effective_policy(is_vmm_device_v<Device>);
     rules_ = detail::policy_rules::of(policy_);
+    std::size_t granularity = 0;  // the VMM page size, under a VMM policy only
     if constexpr (is_vmm_device_v<Device>) {
-      if (rules_.maps_pages) granularity_ = device_.granularity();
+      if (rules_.maps_pages) granularity = device_.granularity();
     }
+    growth_ = detail::vmm_growth(rules_, config_, granularity);
     stats_.max_split_size = static_cast<std::int64_t>(config_.max_split_size);
-    large_page_size_ = config_.large_segment_size;
     capture_reuse_ = config_.graph_capture_record_stream_reuse;
     if (config_.has_memory_cap()) set_memory_fraction(*config_.per_process_memory_fraction);
     // PyTorch's limit for throw_on_cudamalloc_oom: the configured fraction (not a later
@@ -472,11 +475,7 @@ class caching_allocator {
   void set_run_time_settings(const allocator_config& settings) {
     std::lock_guard<detail::spin_mutex> lock(mutex_);
     allocator_config next = config_;
-    next.max_split_size = settings.max_split_size;
-    next.max_non_split_rounding = settings.max_non_split_rounding;
-    next.large_segment_size = settings.large_segment_size;
-    next.roundup_power2_divisions = settings.roundup_power2_divisions;
-    next.garbage_collection_threshold = settings.garbage_collection_threshold;
+    next.take_run_time_settings(settings);
     next.validate();
     max_split_changed_ = max_split_changed_ || next.max_split_size != config_.max_split_size;
     config_ = std::move(next);
@@ -1130,11 +1129,22 @@ class caching_allocator {
       if (b != nullptr && rules_.grows_one_range) b = least_expandable(p, b);
       if (b == nullptr || oversize_refuses(b->size, rounded)) return restore_set_aside(nullptr);
       p.index.erase(b);
-      if (b->seg->shared_pages == 0) return restore_set_aside(b);
-      if (shadow_held_pages(b)) continue;
-      if (!orders_during_capture(b)) return restore_set_aside(b);
-      set_aside_.push_back(b);
+      if (b->seg->shared_pages == 0 || usable_despite_sharing(b)) return restore_set_aside(b);
     }
+  }
+
+  // Stitch: free block b (out of its index) lies on a range with shared pages. True when b may be
+  // used; false when the search must go on without it: the pages other ranges hold were shadowed
+  // (the rest of b is back in the index), or b was set aside until the search ends.
+  bool usable_despite_sharing(block_type* b) {
+    if constexpr (is_vmm_device_v<Device>) {
+      if (shadow_held_pages(b)) return false;
+      if (orders_during_capture(b)) {
+        set_aside_.push_back(b);
+        return false;
+      }
+    }
+    return true;
   }
 
   // Expandable, as PyTorch's get_free_block: a free block followed by unmapped address space
@@ -1156,14 +1166,9 @@ class caching_allocator {
   // on one stream and wait on another across the capture's boundary, which the capture forbids
   // (or drags the other stream into it), so the block is not used until the capture ends.
   bool orders_during_capture(const block_type* b) const noexcept {
-    if constexpr (is_vmm_device_v<Device>) {
-      if (captures_underway_ == 0 || b->seg->shared_pages == 0) return false;
-      const auto [first, last] = detail::page_span(b);
-      return vmm_.would_order(*b->seg, first, last, b->owner->stream);
-    } else {
-      (void)b;
-      return false;
-    }
+    if (captures_underway_ == 0 || b->seg->shared_pages == 0) return false;
+    const auto [first, last] = detail::page_span(b);
+    return vmm_.would_order(*b->seg, first, last, b->owner->stream);
   }
 
   // Puts the blocks orders_during_capture set aside back into their pools' indexes.
@@ -1194,7 +1199,9 @@ class caching_allocator {
   // use-on-OOM), then free one oversize block and retry, then free the whole cache and retry; then
   // out_of_memory. Returns nullptr when the fallback served the request (fallback_ptr_).
   block_type* allocate_new_block(pool_type& p, std::size_t size, std::size_t rounded) {
-    if (rules_.maps_pages) return vmm_allocate_new_block(p, size, rounded);
+    if constexpr (is_vmm_device_v<Device>) {  // the VMM miss path exists only on a VMM device
+      if (rules_.maps_pages) return vmm_allocate_new_block(p, size, rounded);
+    }
     const std::size_t seg_size = detail::segment_size_for(rounded, config_.large_segment_size);
     const bool may_release_memory = may_release();
     if (gc_enabled() && may_release_memory) garbage_collect_cached_blocks();
@@ -1524,10 +1531,7 @@ class caching_allocator {
   }
 
   std::size_t vmm_page_size(const pool_type& p) const noexcept {
-    if (rules_.grows_one_range && !p.is_small) {
-      return round_up(large_page_size_, granularity_);
-    }
-    return rules_.grows_one_range ? round_up(detail::k_small_buffer, granularity_) : granularity_;
+    return growth_.page_size(p.is_small);
   }
 
   // Free and usable: a mapped free block that is not shadowed, or an unmapped one.
@@ -1543,7 +1547,7 @@ class caching_allocator {
   // another class (if theirs has freed blocks), and borrow any block that fits when growing fails,
   // before the out-of-memory fallback and before the cache is given up.
   block_type* vmm_allocate_new_block(pool_type& p, std::size_t size, std::size_t rounded) {
-    if (rules_.stitches) note_requested_high_water(size);
+    note_requested_high_water(size);
     if (p.has_freed) {  // only stitch's class pools free blocks of their class
       if (block_type* b = borrow_block(p, rounded, false)) return b;
     }
@@ -1578,21 +1582,18 @@ class caching_allocator {
   // fits exactly or leaves at least a page (not a sliver that no large request can use); the exact
   // fit first, else the smallest. As a last resort before giving up the cache: the best fit.
   block_type* borrow_block(pool_type& p, std::size_t rounded, bool last_resort) {
-    if (!rules_.stitches || p.is_small) return nullptr;  // only stitch's class pools borrow
+    if (!growth_.borrows(p.is_small)) return nullptr;
     for (;;) {
       block_type* b = borrow_candidate(p, rounded, last_resort);
       if (b == nullptr) return restore_set_aside(nullptr);
       b->owner->index.erase(b);
-      if (b->seg->shared_pages == 0) return restore_set_aside(b);
-      if (shadow_held_pages(b)) continue;
-      if (!orders_during_capture(b)) return restore_set_aside(b);
-      set_aside_.push_back(b);
+      if (b->seg->shared_pages == 0 || usable_despite_sharing(b)) return restore_set_aside(b);
     }
   }
 
   block_type* borrow_candidate(pool_type& p, std::size_t rounded, bool last_resort) {
     pools_type& sp = lookup_pools(p.stream);
-    const std::size_t roomy = rounded + granularity_;
+    const std::size_t roomy = rounded + growth_.granularity();
     block_type* best = nullptr;
     for (std::size_t i = 0; i < sp.classes.size(); ++i) {
       std::size_t& bound = sp.free_bound[i];
@@ -1622,51 +1623,45 @@ class caching_allocator {
   // space, map what is unmapped in it, and return one free mapped block of at least `rounded`.
   block_type* vmm_alloc_block(pool_type& p, std::size_t size, std::size_t rounded, bool is_retry,
                               bool& fraction_refused) {
-    if constexpr (is_vmm_device_v<Device>) {
-      if (is_retry) ++stats_.num_alloc_retries;
-      fraction_refused = false;
-      // PyTorch checks its allocation size, the segment classic would obtain, whatever the policy.
-      const std::size_t alloc_size = detail::segment_size_for(rounded, config_.large_segment_size);
-      if (rejects_preemptively(alloc_size)) throw_rejection(size, rounded, alloc_size);
-      block_type* c = find_vmm_candidate(p, rounded);
-      segment_type* fresh = nullptr;
-      const std::size_t page = vmm_page_size(p);
-      const std::size_t needed = round_up(rounded, page);
-      if (c != nullptr && better_in_new_range(c, rounded)) {
-        fresh = create_vmm_segment(p, detail::stitch_policy::fresh_range_size(needed), page);
-        if (fresh != nullptr) c = fresh->head;
-      }
-      if (c == nullptr) {
-        fresh = create_range(p, needed, page);
-        if (fresh == nullptr) return nullptr;
-        c = fresh->head;
-      }
-      if (rules_.stitches && settled()) ++p.settled_misses;
-      bool ok = c->mapped || map_block(c, std::min(c->size, rounded), fraction_refused);
-      while (ok && c->size < rounded) {
-        block_type* next = c->next;  // unmapped: free mapped neighbours are always merged
-        ok = map_block(next, std::min(rounded - c->size, next->size), fraction_refused);
-        if (ok) c = next;
-      }
-      if (!ok) {
-        if (fresh != nullptr && fresh->mapped_pages == 0) destroy_vmm_segment(fresh);
-        return nullptr;
-      }
-      p.index.erase(c);
-      return c;
-    } else {
-      (void)p, (void)size, (void)rounded, (void)is_retry, (void)fraction_refused;
+    if (is_retry) ++stats_.num_alloc_retries;
+    fraction_refused = false;
+    // PyTorch checks its allocation size, the segment classic would obtain, whatever the policy.
+    const std::size_t alloc_size = detail::segment_size_for(rounded, config_.large_segment_size);
+    if (rejects_preemptively(alloc_size)) throw_rejection(size, rounded, alloc_size);
+    block_type* c = find_vmm_candidate(p, rounded);
+    segment_type* fresh = nullptr;
+    const std::size_t page = vmm_page_size(p);
+    const std::size_t needed = round_up(rounded, page);
+    if (c != nullptr && better_in_new_range(c, rounded)) {
+      fresh = create_vmm_segment(p, growth_.fresh_range_size(needed), page);
+      if (fresh != nullptr) c = fresh->head;
+    }
+    if (c == nullptr) {
+      fresh = create_range(p, needed, page);
+      if (fresh == nullptr) return nullptr;
+      c = fresh->head;
+    }
+    if (growth_.counts_settled_miss(allocation_total())) ++p.settled_misses;
+    bool ok = c->mapped || map_block(c, std::min(c->size, rounded), fraction_refused);
+    while (ok && c->size < rounded) {
+      block_type* next = c->next;  // unmapped: free mapped neighbours are always merged
+      ok = map_block(next, std::min(rounded - c->size, next->size), fraction_refused);
+      if (ok) c = next;
+    }
+    if (!ok) {
+      if (fresh != nullptr && fresh->mapped_pages == 0) destroy_vmm_segment(fresh);
       return nullptr;
     }
+    p.index.erase(c);
+    return c;
   }
 
-  // Stitch's answers (stitch_policy.hpp) for pool p.
+  // How many of `count` new pages of `page` bytes pool p's miss creates before sharing.
   std::size_t pages_to_create(const pool_type& p, std::size_t page,
                               std::size_t count) const noexcept {
-    return stitch_.pages_to_create(reserved_total_, settled(), p.settled_misses, page, count);
+    return growth_.pages_to_create(reserved_total_, allocation_total(), p.settled_misses, page,
+                                   count);
   }
-
-  bool settled() const noexcept { return stitch_.settled(allocation_total()); }
 
   std::uint64_t allocation_total() const noexcept {
     const stat_array a = counts_.get(counter::allocation);
@@ -1678,7 +1673,7 @@ class caching_allocator {
   void note_requested_high_water(std::size_t pending = 0) noexcept {
     const auto current = static_cast<std::size_t>(counts_.current(counter::requested_bytes));
     const auto peak = static_cast<std::size_t>(counts_.peak(counter::requested_bytes));
-    stitch_.note_requested(std::max(peak, current + pending), allocation_total());
+    growth_.note_request(std::max(peak, current + pending), allocation_total());
   }
 
   // Stitch: whether a new range would serve the run that starts at c with fewer new pages. A page
@@ -1687,7 +1682,7 @@ class caching_allocator {
   // they can. A settled miss too large for the recurring rule takes a new range whenever it shares
   // (stitch_policy::shares_in_own_range).
   bool better_in_new_range(block_type* c, std::size_t rounded) {
-    if (!rules_.stitches) return false;
+    if (!growth_.weighs_new_range()) return false;
     const segment_type& s = *c->seg;
     std::size_t remaining = rounded;
     std::size_t pages = 0;
@@ -1697,7 +1692,7 @@ class caching_allocator {
       remaining -= take;
     }
     if (pages == 0 || pages_to_create(*c->owner, s.page_size, pages) == pages) return false;
-    if (stitch_.shares_in_own_range(rounded, settled())) return true;
+    if (growth_.shares_in_own_range(rounded, allocation_total())) return true;
     std::vector<detail::page_id>& found = page_scratch_;
     collect_free_pages(s, pages, found);
     const std::size_t here = found.size();
@@ -1739,28 +1734,19 @@ class caching_allocator {
     return nullptr;
   }
 
-  // A new range for pool p whose miss needs `needed` bytes of pages of `page` bytes, or nullptr
-  // when no address space is left. Expandable: 9/8 of the device (expandable_range_size). Stitch:
-  // stitch_policy's size, or just what is needed when that much address space is refused.
+  // A new range for pool p whose miss needs `needed` bytes of pages of `page` bytes, of the size
+  // its policy gives (vmm_growth::range_size), or of a smaller one when the device refuses that;
+  // nullptr when no address space is left.
   segment_type* create_range(pool_type& p, std::size_t needed, std::size_t page) {
-    if (rules_.grows_one_range) return create_vmm_segment(p, expandable_range_size(page), page);
-    const std::size_t size = detail::stitch_policy::range_size(
-        p.address_space, needed, granularity_, device_.total_memory());
+    const std::size_t size =
+        growth_.range_size(page, p.address_space, needed, device_.total_memory());
     segment_type* s = create_vmm_segment(p, size, page);
-    if (s == nullptr && size > needed) s = create_vmm_segment(p, needed, page);
-    return s;
-  }
-
-  // Expandable: PyTorch reserves 9/8 of the device per range, so that one range can hold all of
-  // the device's memory with room for rounding. 0 (no range: out of memory) when that overflows.
-  std::size_t expandable_range_size(std::size_t page) const noexcept {
-    const std::size_t total = device_.total_memory();
-    std::size_t range = 0;
-    if (total > std::numeric_limits<std::size_t>::max() - total / 8 ||
-        !detail::checked_round_up(total + total / 8, page, range)) {
-      return 0;
+    if (s == nullptr) {
+      if (const std::size_t smaller = growth_.smaller_range_size(size, needed)) {
+        s = create_vmm_segment(p, smaller, page);
+      }
     }
-    return range;
+    return s;
   }
 
   void link_segment(segment_type* s) noexcept {
@@ -1781,27 +1767,22 @@ class caching_allocator {
 
   // Reserves an address range with nothing mapped: one unmapped block covering it.
   segment_type* create_vmm_segment(pool_type& p, std::size_t size, std::size_t page) {
-    if constexpr (is_vmm_device_v<Device>) {
-      if (size == 0) return nullptr;
-      segment_type* s = segment_pool_.create();
-      if (!vmm_.reserve(*s, size, page, granularity_)) {
-        segment_pool_.destroy(s);
-        return nullptr;
-      }
-      s->owner = &p;
-      s->stream = p.stream;
-      link_segment(s);
-      block_type* b = block_pool_.create(s->ptr, size, &p, s);
-      b->mapped = false;
-      s->head = b;
-      p.unmapped.insert(b);
-      p.address_space += size;
-      counts_.increase(p.is_small, counter::segment, 1);
-      return s;
-    } else {
-      (void)p, (void)size, (void)page;
+    if (size == 0) return nullptr;
+    segment_type* s = segment_pool_.create();
+    if (!vmm_.reserve(*s, size, page, growth_.granularity())) {
+      segment_pool_.destroy(s);
       return nullptr;
     }
+    s->owner = &p;
+    s->stream = p.stream;
+    link_segment(s);
+    block_type* b = block_pool_.create(s->ptr, size, &p, s);
+    b->mapped = false;
+    s->head = b;
+    p.unmapped.insert(b);
+    p.address_space += size;
+    counts_.increase(p.is_small, counter::segment, 1);
+    return s;
   }
 
   // Frees the address range of a segment with nothing mapped.
@@ -1913,43 +1894,38 @@ class caching_allocator {
   // become shadowed blocks and what is left goes back to the index. False, b unchanged, when no
   // page of b is held elsewhere.
   bool shadow_held_pages(block_type* b) {
-    if constexpr (is_vmm_device_v<Device>) {
-      segment_type* s = b->seg;
-      pool_type& p = *b->owner;
-      const std::size_t page = s->page_size;
-      auto [first, last] = detail::page_span(b);
-      std::size_t i = first;
-      while (i < last && !vmm_.held_elsewhere(*s, i)) ++i;
-      if (i == last) return false;
-      block_type* rest = b;  // the part not yet looked at, from position i's page on
-      while (i < last) {
-        std::size_t j = i;
-        while (j < last && vmm_.held_elsewhere(*s, j)) ++j;
-        const std::uintptr_t lo = s->ptr + i * page;
-        const std::uintptr_t hi = s->ptr + j * page;
-        if (lo < rest->ptr || hi > rest->ptr + rest->size) {
-          throw std::logic_error("gpumem invariant violated: a page held elsewhere is partly used");
-        }
-        if (lo > rest->ptr) {  // a free part before the held pages
-          block_type* held = cut(rest, lo);
-          index_insert(p, rest);
-          rest = held;
-        }
-        block_type* after = hi < rest->ptr + rest->size ? cut(rest, hi) : nullptr;
-        rest->shadowed = true;
-        try_merge_blocks(rest, rest->prev, p);  // with shadowed neighbours
-        p.shadowed.insert(rest);
-        if (after == nullptr) return true;
-        rest = after;
-        i = j;
-        while (i < last && !vmm_.held_elsewhere(*s, i)) ++i;
+    segment_type* s = b->seg;
+    pool_type& p = *b->owner;
+    const std::size_t page = s->page_size;
+    auto [first, last] = detail::page_span(b);
+    std::size_t i = first;
+    while (i < last && !vmm_.held_elsewhere(*s, i)) ++i;
+    if (i == last) return false;
+    block_type* rest = b;  // the part not yet looked at, from position i's page on
+    while (i < last) {
+      std::size_t j = i;
+      while (j < last && vmm_.held_elsewhere(*s, j)) ++j;
+      const std::uintptr_t lo = s->ptr + i * page;
+      const std::uintptr_t hi = s->ptr + j * page;
+      if (lo < rest->ptr || hi > rest->ptr + rest->size) {
+        throw std::logic_error("gpumem invariant violated: a page held elsewhere is partly used");
       }
-      index_insert(p, rest);
-      return true;
-    } else {
-      (void)b;
-      return false;
+      if (lo > rest->ptr) {  // a free part before the held pages
+        block_type* held = cut(rest, lo);
+        index_insert(p, rest);
+        rest = held;
+      }
+      block_type* after = hi < rest->ptr + rest->size ? cut(rest, hi) : nullptr;
+      rest->shadowed = true;
+      try_merge_blocks(rest, rest->prev, p);  // with shadowed neighbours
+      p.shadowed.insert(rest);
+      if (after == nullptr) return true;
+      rest = after;
+      i = j;
+      while (i < last && !vmm_.held_elsewhere(*s, i)) ++i;
     }
+    index_insert(p, rest);
+    return true;
   }
 
   // Position `index` of range s is free to use again: if a shadowed block covers it, that page
@@ -1984,39 +1960,34 @@ class caching_allocator {
   bool acquire_pages(segment_type& target, std::size_t page, std::size_t count,
                      std::vector<detail::page_id>& out, std::size_t& created,
                      bool& fraction_refused) {
-    if constexpr (is_vmm_device_v<Device>) {
-      out.clear();
-      created = 0;
-      const bool small = target.owner->is_small;
-      auto create = [&](std::size_t until) {
-        while (out.size() < until) {
-          if (fraction_set_ && limited_total() + (created + 1) * page > allowed_memory_maximum_) {
-            fraction_refused = true;
-            return;
-          }
-          const detail::page_id id = vmm_.create(page, small);
-          if (id == detail::no_page) return;
-          ++stats_.num_device_alloc;
-          ++created;
-          out.push_back(id);
+    out.clear();
+    created = 0;
+    const bool small = target.owner->is_small;
+    auto create = [&](std::size_t until) {
+      while (out.size() < until) {
+        if (fraction_set_ && limited_total() + (created + 1) * page > allowed_memory_maximum_) {
+          fraction_refused = true;
+          return;
         }
-      };
-      if (rules_.stitches) {
-        create(pages_to_create(*target.owner, page, count));
-        if (out.size() < count) {
-          std::vector<detail::page_id>& shared = shared_scratch_;
-          collect_free_pages(target, count - out.size(), shared);
-          out.insert(out.end(), shared.begin(), shared.end());
-        }
+        const detail::page_id id = vmm_.create(page, small);
+        if (id == detail::no_page) return;
+        ++stats_.num_device_alloc;
+        ++created;
+        out.push_back(id);
       }
-      create(count);
-      if (out.size() == count) return true;
-      release_created(out, created);
-      return false;
-    } else {
-      (void)target, (void)page, (void)count, (void)out, (void)created, (void)fraction_refused;
-      return false;
+    };
+    if (growth_.shares_free_pages()) {
+      create(pages_to_create(*target.owner, page, count));
+      if (out.size() < count) {
+        std::vector<detail::page_id>& shared = shared_scratch_;
+        collect_free_pages(target, count - out.size(), shared);
+        out.insert(out.end(), shared.begin(), shared.end());
+      }
     }
+    create(count);
+    if (out.size() == count) return true;
+    release_created(out, created);
+    return false;
   }
 
   // Releases the pages acquire_pages created (those mapped nowhere yet).
@@ -2141,42 +2112,37 @@ class caching_allocator {
   // PyTorch's map_block: maps the first `size` bytes (rounded up to pages) of unmapped block
   // `to_map`, merges the result with free mapped neighbours and indexes it.
   bool map_block(block_type* to_map, std::size_t size, bool& fraction_refused) {
-    if constexpr (is_vmm_device_v<Device>) {
-      segment_type* s = to_map->seg;
-      pool_type& p = *to_map->owner;
-      const std::size_t page = s->page_size;
-      const std::size_t first = (to_map->ptr - s->ptr) / page;
-      const std::size_t n = round_up(size, page) / page;
-      std::vector<detail::page_id>& ids = page_scratch_;
-      std::size_t created = 0;
-      if (!acquire_pages(*s, page, n, ids, created, fraction_refused)) return false;
-      try {
-        vmm_.map(*s, first, ids.data(), n);
-      } catch (const cuda_error& e) {
-        release_created(ids, created);
-        if (!is_out_of_memory(e)) throw;
-        return false;
-      }
-      if (reporter_.listening())
-        notify(allocator_action::segment_map, to_map->ptr, n * page, p.stream);
-      add_reserved(created * page);
-      counts_.increase(p.is_small, counter::reserved_bytes, as_i64(created * page));
-
-      p.unmapped.erase(to_map);
-      to_map->mapped = true;
-      if (n * page < to_map->size) {
-        block_type* rest = cut(to_map, to_map->ptr + n * page);
-        rest->mapped = false;
-        p.unmapped.insert(rest);
-      }
-      try_merge_blocks(to_map, to_map->prev, p);
-      try_merge_blocks(to_map, to_map->next, p);
-      index_insert(p, to_map);
-      return true;
-    } else {
-      (void)to_map, (void)size, (void)fraction_refused;
+    segment_type* s = to_map->seg;
+    pool_type& p = *to_map->owner;
+    const std::size_t page = s->page_size;
+    const std::size_t first = (to_map->ptr - s->ptr) / page;
+    const std::size_t n = round_up(size, page) / page;
+    std::vector<detail::page_id>& ids = page_scratch_;
+    std::size_t created = 0;
+    if (!acquire_pages(*s, page, n, ids, created, fraction_refused)) return false;
+    try {
+      vmm_.map(*s, first, ids.data(), n);
+    } catch (const cuda_error& e) {
+      release_created(ids, created);
+      if (!is_out_of_memory(e)) throw;
       return false;
     }
+    if (reporter_.listening())
+      notify(allocator_action::segment_map, to_map->ptr, n * page, p.stream);
+    add_reserved(created * page);
+    counts_.increase(p.is_small, counter::reserved_bytes, as_i64(created * page));
+
+    p.unmapped.erase(to_map);
+    to_map->mapped = true;
+    if (n * page < to_map->size) {
+      block_type* rest = cut(to_map, to_map->ptr + n * page);
+      rest->mapped = false;
+      p.unmapped.insert(rest);
+    }
+    try_merge_blocks(to_map, to_map->prev, p);
+    try_merge_blocks(to_map, to_map->next, p);
+    index_insert(p, to_map);
+    return true;
   }
 
   // empty_cache and the out-of-memory retry: unmap every whole free page (shadowed ones too) after
@@ -2400,7 +2366,7 @@ class caching_allocator {
   void check_invariants_locked() const {
     detail::allocator_invariants<Device>::check(detail::allocator_state<Device>{
         segments_, stream_pools_, allocated_, counts_, stats_, vmm_, deferred_, free_markers_,
-        reserved_total_, config_.max_split_size, rules_.stitches, !max_split_changed_});
+        reserved_total_, config_.max_split_size, rules_.stitches, !max_split_changed_, &growth_});
   }
 
   Device& device_;
@@ -2439,16 +2405,14 @@ class caching_allocator {
   std::size_t allowed_memory_maximum_ = 0;
   std::size_t rejection_limit_ = 0;  // throw_on_cudamalloc_oom's limit (rejects_preemptively)
   std::size_t device_total_ = 0;     // the device's memory, read once
-  std::size_t granularity_ = 0;      // VMM page size (VMM policies only)
-  std::size_t large_page_size_ = 0;  // large_segment_size at construction (vmm_page_size)
   bool max_split_changed_ = false;   // by set_run_time_settings (check_invariants)
   std::int64_t peak_seen_ = -1;
   std::int64_t allocated_at_peak_ = 0;
   // The VMM policies' pages and ranges (nothing on devices without virtual memory management).
   detail::pages_for<Device> vmm_;
-  std::vector<detail::page_id> page_scratch_;     // map_block's list of pages
-  std::vector<detail::page_id> shared_scratch_;   // acquire_pages' list of free pages to share
-  detail::stitch_policy stitch_;                  // stitch's thresholds and what it has seen
+  std::vector<detail::page_id> page_scratch_;    // map_block's list of pages
+  std::vector<detail::page_id> shared_scratch_;  // acquire_pages' list of free pages to share
+  detail::vmm_growth growth_;  // what expandable and stitch decide on a miss (vmm_growth.hpp)
   detail::event_reporter<stream_type> reporter_;  // the observer, its error, the reserved view
   out_of_memory_fallback oom_fallback_;           // set_out_of_memory_fallback
   void* fallback_ptr_ = nullptr;                  // what oom_fallback_ gave the current miss

@@ -321,11 +321,7 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
   void set_run_time_settings(const allocator_config& settings) {
     std::lock_guard<std::mutex> settings_lock(settings_mutex_);
     allocator_config next = run_time_config_;
-    next.max_split_size = settings.max_split_size;
-    next.max_non_split_rounding = settings.max_non_split_rounding;
-    next.large_segment_size = settings.large_segment_size;
-    next.roundup_power2_divisions = settings.roundup_power2_divisions;
-    next.garbage_collection_threshold = settings.garbage_collection_threshold;
+    next.take_run_time_settings(settings);
     next.per_process_memory_fraction = settings.per_process_memory_fraction;
     next.validate();
     for (const auto& s : devices_) {
@@ -335,11 +331,7 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
       if (device_allocator* legacy = legacy_of(*s)) legacy->set_run_time_settings(next);
       for (auto& p : s->pools) p->allocator->set_run_time_settings(next);
       // The allocators made later (pools, legacy segments) start from the GPU's config.
-      s->config.max_split_size = next.max_split_size;
-      s->config.max_non_split_rounding = next.max_non_split_rounding;
-      s->config.large_segment_size = next.large_segment_size;
-      s->config.roundup_power2_divisions = next.roundup_power2_divisions;
-      s->config.garbage_collection_threshold = next.garbage_collection_threshold;
+      s->config.take_run_time_settings(next);
     }
     run_time_config_ = std::move(next);
   }
@@ -978,11 +970,7 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
     }
     c10_alloc::CheckpointDelta out;
     out.ptrs_freed = delta.freed;
-    for (void* ptr : delta.freed) forget_vmm_export(ptr);
-    if (history_enabled_.load(std::memory_order_acquire)) {
-      std::lock_guard<std::mutex> lock(trace_mutex_);
-      for (void* ptr : delta.freed) contexts_.erase(ptr);
-    }
+    for (void* ptr : delta.freed) forget_freed(ptr);
     out.dataptrs_allocd.reserve(delta.allocated.size());
     for (void* ptr : delta.allocated) {
       out.dataptrs_allocd.emplace_back(ptr, ptr, &detail::raw_delete,
@@ -1082,6 +1070,16 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
       out.append(reinterpret_cast<const char*>(f.data()), f.size());
     }
     return c10_alloc::ShareableHandle{static_cast<std::ptrdiff_t>(s.offset), std::move(out)};
+  }
+
+  // What the adapter keeps about `ptr`, which is being freed (by a caller or by a checkpoint's
+  // restore): its exported descriptors and its recorded allocation context.
+  void forget_freed(void* ptr) {
+    forget_vmm_export(ptr);
+    if (history_enabled_.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(trace_mutex_);
+      contexts_.erase(ptr);
+    }
   }
 
   // Closes the descriptors exported for `ptr`, which is being freed. Costs one atomic load while
@@ -1804,11 +1802,7 @@ class cuda_allocator final : public c10_alloc::CUDAAllocator {
 
   // Frees `ptr` in whichever allocator has it: the hinted device's default pool first.
   bool free_anywhere(void* ptr, int hint) {
-    forget_vmm_export(ptr);
-    if (history_enabled_.load(std::memory_order_acquire)) {
-      std::lock_guard<std::mutex> lock(trace_mutex_);
-      contexts_.erase(ptr);
-    }
+    forget_freed(ptr);
     pending_context() = free_context();
     struct reset_context {
       ~reset_context() { pending_context().reset(); }

@@ -26,6 +26,7 @@
 #include "gpumem/core/detail/pointer_map.hpp"
 #include "gpumem/core/detail/pool_counters.hpp"
 #include "gpumem/core/detail/pools.hpp"
+#include "gpumem/core/detail/vmm_growth.hpp"
 #include "gpumem/core/detail/vmm_pages.hpp"
 #include "gpumem/core/size_policy.hpp"
 #include "gpumem/device/device.hpp"
@@ -54,6 +55,8 @@ struct allocator_state {
   // False once max_split_size changed at run time: the oversize counters then count each block
   // and segment against the value of the moment, as PyTorch's do, and no recount can match.
   bool oversize_counts_exact = true;
+  // The VMM policy's rules for ranges and pools (vmm_growth::check, check_pool); none: unchecked.
+  const vmm_growth* growth = nullptr;
 };
 
 template <class Device>
@@ -85,7 +88,10 @@ class allocator_invariants {
       // A VMM range's memory is its physical pages, counted once below (they may be shared).
       const std::size_t seg_reserved = vmm ? 0 : s->size;
       reserved += seg_reserved;
-      if (vmm) check_vmm_segment(s);
+      if (vmm) {
+        check_vmm_segment(s);
+        if (a.growth != nullptr) a.growth->check(*s);
+      }
       if (s->head == nullptr || s->head->prev != nullptr)
         fail("segment head is not its first block");
       std::uintptr_t expect = s->ptr;
@@ -155,6 +161,7 @@ class allocator_invariants {
       const pools_type& pools = *sp;
       pools.check(a.stitch);  // each pool's sets, the size classes
       pools.for_each([&](const pool_type& p) {
+        if (a.growth != nullptr) a.growth->check_pool(p);
         index_total += p.index.size();
         unmapped_listed += p.unmapped.size();
         std::size_t address_space = 0;

@@ -11,7 +11,8 @@ struct policy_rules {
   /// expandable, stitch: segments are address ranges mapped page by page (vmm_pages.hpp); a miss
   /// maps pages (vmm_allocate_new_block), a split leaves any remainder of 512 B or more, blocks
   /// are not counted in inactive_split, garbage collection and the release of oversize blocks
-  /// leave them alone, and giving memory back unmaps pages (release_vmm_cache).
+  /// leave them alone, and giving memory back unmaps pages (release_vmm_cache). What the two
+  /// policies do differently on a miss, vmm_growth.hpp answers from the two rules below.
   bool maps_pages = false;
   /// expandable: one range per pool, of 9/8 of the device, grown by pages of 2 MiB (small pool)
   /// or large_segment_size; a hit takes the fit that could grow least (least_expandable).

@@ -1,7 +1,7 @@
 // gpumem — what the stitch policy decides, apart from the mechanics: how large its address ranges
 // are, when a miss creates pages and when it shares free ones, and which free pages it shares
-// first. caching_allocator asks these questions and carries out the answers (vmm_pages.hpp does
-// the mapping); every tunable of stitch is here.
+// first. vmm_growth.hpp asks these questions for caching_allocator's miss path, which carries out
+// the answers (vmm_pages.hpp does the mapping); every tunable of stitch is here.
 //
 // Sharing a free page couples two ranges: while one uses it, the other's blocks on it are
 // shadowed, and a request that found one of them before may miss and share pages again elsewhere.
