@@ -12,11 +12,13 @@ tests one after another in a worker process that records each test's start and e
 test that kills the worker (abort, segfault) or outlives --timeout is recorded as a crash or a
 timeout, and a new worker continues with the next test. The table at the end counts the outcomes
 per configuration and lists the regressions: tests that pass with PyTorch's allocator and not with
-gpumem. The simulator runs no kernel, so a test that compares computed values passes or fails by
-what the reused memory held: --repeat N runs every configuration N times (a new worker each time)
-and counts each test's passes, and a test is a regression only when it passes with PyTorch's
-allocator in most runs and fails under a policy in every run (see classify). The exit status is 1
-when there are regressions (0 with --allow-regressions).
+gpumem. The simulator runs no kernel and keeps no device contents (a copy from the device leaves
+the host buffer as it was), so a test that compares computed values passes or fails by the host
+heap's leftovers: --repeat N runs every configuration N times (a new worker each time) and counts
+each test's passes, and a test is a regression only when it passes with PyTorch's allocator in
+most runs and fails under a policy in every run (see classify); --env MALLOC_PERTURB_=165 makes
+those leftovers one byte. The exit status is 1 when there are regressions (0 with
+--allow-regressions).
 """
 
 import argparse
@@ -374,8 +376,8 @@ SEVERITY = ("regression", "unclear", "flaky")  # the most severe first
 
 def classify(baseline_passes, policy_passes, runs):
     """What a test's passes under a policy, against its passes with PyTorch's allocator (each out
-    of runs), say. Without kernels a value check passes or fails by what the reused memory held,
-    under PyTorch's allocator too, so one failing run proves nothing:
+    of runs), say. On the simulator a value check passes or fails by host-heap leftovers, under
+    PyTorch's allocator too, so one failing run proves nothing:
       "regression": passes with PyTorch's allocator in most runs and under the policy in none;
       "unclear":    passes with PyTorch's allocator in some runs, not most, under the policy in
                     none (more runs decide);
