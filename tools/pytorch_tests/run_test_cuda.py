@@ -3,7 +3,8 @@
 once per gpumem policy (libgpumem_torch.so loaded), and compares the outcomes test by test.
 
     python tools/pytorch_tests/run_test_cuda.py PATH/TO/test_cuda.py --build build \
-        [--policies classic,expandable,stitch] [-k EXPR] [--timeout S] [--jobs N] [--json OUT]
+        [--policies classic,expandable,stitch] [-k EXPR] [--tests FILE] [--repeat N] \
+        [--timeout S] [--jobs N] [--json OUT]
 
 PyTorch's sources are not part of gpumem: pass the path of a test_cuda.py that matches the torch
 being tested (tools/pytorch_tests/README.md says how to get one). Every configuration runs the
@@ -11,7 +12,13 @@ tests one after another in a worker process that records each test's start and e
 test that kills the worker (abort, segfault) or outlives --timeout is recorded as a crash or a
 timeout, and a new worker continues with the next test. The table at the end counts the outcomes
 per configuration and lists the regressions: tests that pass with PyTorch's allocator and not with
-gpumem. The exit status is 1 when there are regressions (0 with --allow-regressions).
+gpumem. The simulator runs no kernel and keeps no device contents (a copy from the device leaves
+the host buffer as it was), so a test that compares computed values passes or fails by the host
+heap's leftovers: --repeat N runs every configuration N times (a new worker each time) and counts
+each test's passes, and a test is a regression only when it passes with PyTorch's allocator in
+most runs and fails under a policy in every run (see classify); --env MALLOC_PERTURB_=165 makes
+those leftovers one byte. The exit status is 1 when there are regressions (0 with
+--allow-regressions).
 """
 
 import argparse
@@ -213,7 +220,7 @@ class Runner:
             sys.stderr.write(text + "\n")
             sys.stderr.flush()
 
-    def env(self, config):
+    def env(self, config, run=0):
         env = dict(os.environ)
         for var in ("GPUMEM_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
             env.pop(var, None)
@@ -223,7 +230,7 @@ class Runner:
         env["PYTHONUNBUFFERED"] = "1"
         # Extensions the tests compile (load_inline) go to this run's own directory, where the
         # lock of a build cut short by a crash or a timeout is removed (see release_build_locks).
-        env["TORCH_EXTENSIONS_DIR"] = os.path.join(self.workdir, "torch_extensions", config.name)
+        env["TORCH_EXTENSIONS_DIR"] = self.extensions_dir(config, run)
         if config.uses_gpumem:
             env["GPUMEM_ALLOC_CONF"] = f"policy:{config.policy}"
         for item in self.opts.env:
@@ -250,17 +257,26 @@ class Runner:
         with open(out) as f:
             return json.load(f)
 
-    def run_config(self, config, ids):
+    def tag(self, config, run):
+        """The name of one run of a configuration in file names and progress lines."""
+        return config.name if self.opts.repeat == 1 else f"{config.name}.run{run + 1}"
+
+    def extensions_dir(self, config, run):
+        # one per run: runs of one configuration may be at work at once (--jobs)
+        return os.path.join(self.workdir, "torch_extensions", self.tag(config, run))
+
+    def run_config(self, config, ids, run=0):
         """Runs ids in order in as many workers as crashes and timeouts require."""
         results = {}
         remaining = list(ids)
-        log_path = os.path.join(self.workdir, f"{config.name}.log")
+        tag = self.tag(config, run)
+        log_path = os.path.join(self.workdir, f"{tag}.log")
         attempt = 0
         done_count = 0
         while remaining:
             attempt += 1
-            ids_path = os.path.join(self.workdir, f"{config.name}-{attempt}.ids.json")
-            res_path = os.path.join(self.workdir, f"{config.name}-{attempt}.results")
+            ids_path = os.path.join(self.workdir, f"{tag}-{attempt}.ids.json")
+            res_path = os.path.join(self.workdir, f"{tag}-{attempt}.results")
             with open(ids_path, "w") as f:
                 json.dump(remaining, f)
             open(res_path, "w").close()
@@ -269,7 +285,7 @@ class Runner:
                 proc = subprocess.Popen(
                     self.worker_command(config, "--worker-ids", ids_path,
                                         "--worker-results", res_path),
-                    env=self.env(config), stdout=log, stderr=subprocess.STDOUT,
+                    env=self.env(config, run), stdout=log, stderr=subprocess.STDOUT,
                     start_new_session=True)
                 current, current_start, offset = None, None, 0
                 timed_out = False
@@ -288,7 +304,7 @@ class Runner:
                             results[record["end"]] = {k: record[k] for k in
                                                       ("outcome", "message", "seconds")}
                             done_count += 1
-                            self.progress(config, record["end"], record["outcome"], done_count,
+                            self.progress(tag, record["end"], record["outcome"], done_count,
                                           len(ids))
                             current = None
                     if rc is not None:
@@ -301,7 +317,7 @@ class Runner:
                     time.sleep(0.2)
             rc = proc.returncode
             if rc != 0:
-                self.release_build_locks(config)
+                self.release_build_locks(config, run)
             finished = [i for i in remaining if i in results]
             if current is not None:
                 outcome = "timeout" if timed_out else "crash"
@@ -312,7 +328,7 @@ class Runner:
                 results[current] = {"outcome": outcome, "message": message,
                                     "seconds": round(time.monotonic() - current_start, 2)}
                 done_count += 1
-                self.progress(config, current, outcome, done_count, len(ids))
+                self.progress(tag, current, outcome, done_count, len(ids))
                 finished.append(current)
             elif rc != 0 and len(finished) < len(remaining):
                 # the worker died before starting a test: nothing to attribute it to
@@ -326,11 +342,10 @@ class Runner:
             remaining = [i for i in remaining if i not in results]
         return results
 
-    def release_build_locks(self, config):
+    def release_build_locks(self, config, run):
         """A worker killed while torch.utils.cpp_extension built leaves the build's lock file, and
         every later build of that extension would wait for it forever."""
-        extensions = os.path.join(self.workdir, "torch_extensions", config.name)
-        for root, _, files in os.walk(extensions):
+        for root, _, files in os.walk(self.extensions_dir(config, run)):
             if "lock" in files:
                 os.remove(os.path.join(root, "lock"))
 
@@ -348,52 +363,118 @@ class Runner:
         detail = (interesting or tail or [""])[-1][:240]
         return f"{what}: {detail}" if detail else what
 
-    def progress(self, config, test_id, outcome, n, total):
+    def progress(self, tag, test_id, outcome, n, total):
         if outcome in PASSING and not self.opts.verbose:
             if n % 25 == 0 or n == total:
-                self.log(f"[{config.name}] {n}/{total}")
+                self.log(f"[{tag}] {n}/{total}")
             return
-        self.log(f"[{config.name}] {n}/{total} {outcome:7} {test_id}")
+        self.log(f"[{tag}] {n}/{total} {outcome:7} {test_id}")
 
 
-def summarize(configs, results, baseline):
+SEVERITY = ("regression", "unclear", "flaky")  # the most severe first
+
+
+def classify(baseline_passes, policy_passes, runs):
+    """What a test's passes under a policy, against its passes with PyTorch's allocator (each out
+    of runs), say. On the simulator a value check passes or fails by host-heap leftovers, under
+    PyTorch's allocator too, so one failing run proves nothing:
+      "regression": passes with PyTorch's allocator in most runs and under the policy in none;
+      "unclear":    passes with PyTorch's allocator in some runs, not most, under the policy in
+                    none (more runs decide);
+      "flaky":      passes in some runs with both (under the policy not in all);
+      None:         nothing lost (the policy passes every run, or PyTorch's allocator none)."""
+    if baseline_passes == 0 or policy_passes == runs:
+        return None
+    if policy_passes > 0:
+        return "flaky"
+    return "regression" if 2 * baseline_passes > runs else "unclear"
+
+
+def summarize(configs, runs, baseline):
+    """runs[config name][i][test id]: the outcome record of run i. Returns the outcome counts
+    (summed over the runs), each test's passes per configuration, and the tests some policy lost
+    in some run, classified (see classify), the regressions among them."""
     counts = {}
     for config in configs:
         c = {o: 0 for o in OUTCOMES}
-        for r in results[config.name].values():
-            c[r["outcome"]] += 1
-        c["total"] = len(results[config.name])
+        for results in runs[config.name]:
+            for r in results.values():
+                c[r["outcome"]] += 1
+        c["total"] = sum(len(results) for results in runs[config.name])
         counts[config.name] = c
-    regressions = []
-    base = results[baseline.name]
-    for test_id in sorted(base):
-        if base[test_id]["outcome"] not in PASSING:
-            continue
+    repeat = len(runs[baseline.name])
+    tests = sorted(set().union(*(results for results in runs[baseline.name])))
+    missing = {"outcome": "missing", "message": "", "seconds": 0}
+    passes, classified, regressions = {}, [], []
+    for test_id in tests:
+        records = {c.name: [results.get(test_id, missing) for results in runs[c.name]]
+                   for c in configs}
+        passes[test_id] = {name: sum(r["outcome"] in PASSING for r in rs)
+                           for name, rs in records.items()}
         lost = {}
         for config in configs:
             if config is baseline:
                 continue
-            r = results[config.name].get(test_id)
-            if r is None or r["outcome"] not in PASSING:
-                lost[config.name] = r or {"outcome": "missing", "message": "", "seconds": 0}
-        if lost:
-            regressions.append({"test": test_id, "configs": lost})
-    return counts, regressions
+            verdict = classify(passes[test_id][baseline.name], passes[test_id][config.name],
+                               repeat)
+            if verdict:
+                failed = [r for r in records[config.name] if r["outcome"] not in PASSING]
+                lost[config.name] = dict(failed[0], **{
+                    "class": verdict, "passes": passes[test_id][config.name],
+                    "outcomes": [r["outcome"] for r in records[config.name]]})
+        if not lost:
+            continue
+        verdict = min((r["class"] for r in lost.values()), key=SEVERITY.index)
+        classified.append({"test": test_id, "class": verdict, "passes": passes[test_id],
+                           "configs": lost})
+        if verdict == "regression":
+            regressions.append({"test": test_id, "configs": {
+                name: r for name, r in lost.items() if r["class"] == "regression"}})
+    return counts, passes, classified, regressions
 
 
-def print_report(configs, counts, regressions, out=sys.stdout):
+def print_report(configs, counts, classified, regressions, repeat=1, out=sys.stdout):
     header = f"{'configuration':14}" + "".join(f"{o:>9}" for o in OUTCOMES) + f"{'total':>9}"
+    if repeat > 1:
+        header += f"   ({repeat} runs each, outcomes summed)"
     out.write(header + "\n")
     for config in configs:
         c = counts[config.name]
         out.write(f"{config.name:14}" + "".join(f"{c[o]:>9}" for o in OUTCOMES)
                   + f"{c['total']:>9}\n")
-    out.write("\nRegressions (pass with PyTorch's allocator, not with gpumem): "
-              f"{len(regressions)}\n")
+    if repeat > 1:
+        out.write(f"\nPasses of {repeat} runs, tests that passed with PyTorch's allocator and "
+                  f"failed under a policy: {len(classified)}\n")
+        width = max(len(c.name) for c in configs) + 2
+        out.write("".join(f"{c.name:>{width}}" for c in configs) + f"  {'class':12}test\n")
+        for entry in sorted(classified, key=lambda e: (SEVERITY.index(e["class"]), e["test"])):
+            out.write("".join(f"{entry['passes'][c.name]:>{width}}" for c in configs)
+                      + f"  {entry['class']:12}{entry['test']}\n")
+        for verdict in SEVERITY:
+            n = sum(e["class"] == verdict for e in classified)
+            out.write(f"  {verdict}: {n}")
+        out.write("\n\nRegressions (pass with PyTorch's allocator in most runs, under a policy in "
+                  f"none): {len(regressions)}\n")
+    else:
+        out.write("\nRegressions (pass with PyTorch's allocator, not with gpumem): "
+                  f"{len(regressions)}\n")
     for reg in regressions:
         out.write(f"  {reg['test']}\n")
         for name, r in reg["configs"].items():
             out.write(f"      {name:11} {r['outcome']:8} {r['message']}\n")
+
+
+def read_test_list(path):
+    """--tests: an earlier --json report (its regressions, or with --repeat its classified tests)
+    or a file of Class.test names, one a line."""
+    with open(path) as f:
+        text = f.read()
+    try:
+        report = json.loads(text)
+    except ValueError:
+        return [line.strip() for line in text.splitlines()
+                if line.strip() and not line.lstrip().startswith("#")]
+    return [entry["test"] for entry in report.get("classified", report["regressions"])]
 
 
 def main(argv=None):
@@ -408,6 +489,12 @@ def main(argv=None):
     parser.add_argument("--policies", default="classic,expandable,stitch")
     parser.add_argument("-k", dest="keyword", default="",
                         help="pytest-style keyword expression on Class.test")
+    parser.add_argument("--tests", metavar="FILE",
+                        help="only these tests: Class.test names, one a line, or an earlier "
+                             "--json report (its regressions or classified tests)")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N",
+                        help="run every configuration N times, each in new workers, and classify "
+                             "the tests lost as regression, unclear or flaky by their passes")
     parser.add_argument("--timeout", type=float, default=120, help="seconds per test")
     parser.add_argument("--jobs", type=int, default=1, help="configurations run at once")
     parser.add_argument("--json", help="write every outcome and the regressions here")
@@ -424,6 +511,8 @@ def main(argv=None):
         return worker_main(opts)
     if not opts.test_file:
         parser.error("the path of test_cuda.py is required")
+    if opts.repeat < 1:
+        parser.error("--repeat must be at least 1")
     opts.test_file = os.path.abspath(opts.test_file)
     build = os.path.abspath(opts.build)
     opts.plugin = os.path.abspath(opts.plugin or
@@ -441,26 +530,41 @@ def main(argv=None):
     runner = Runner(opts)
     selected = keyword_filter(opts.keyword)
     ids = [i for i in runner.list_tests(configs[0]) if selected(i)]
-    runner.log(f"run_test_cuda: {len(ids)} tests x {len(configs)} configurations "
-               f"(logs in {runner.workdir})")
+    if opts.tests:
+        wanted = set(read_test_list(opts.tests))
+        unknown = sorted(wanted.difference(ids))
+        if unknown:
+            runner.log(f"run_test_cuda: not in the file (or not selected by -k): {unknown}")
+        ids = [i for i in ids if i in wanted]
+    runner.log(f"run_test_cuda: {len(ids)} tests x {len(configs)} configurations"
+               + (f" x {opts.repeat} runs" if opts.repeat > 1 else "")
+               + f" (logs in {runner.workdir})")
     started = time.monotonic()
-    results = {}
+    runs = {c.name: [None] * opts.repeat for c in configs}
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, opts.jobs)) as pool:
-        futures = {pool.submit(runner.run_config, c, ids): c for c in configs}
+        futures = {pool.submit(runner.run_config, c, ids, run): (c, run)
+                   for run in range(opts.repeat) for c in configs}
         for future in concurrent.futures.as_completed(futures):
-            results[futures[future].name] = future.result()
-    counts, regressions = summarize(configs, results, configs[0])
+            config, run = futures[future]
+            runs[config.name][run] = future.result()
+    counts, passes, classified, regressions = summarize(configs, runs, configs[0])
     if opts.json:
         version = "import torch; print(torch.__version__, torch.version.git_version)"
         torch_info = subprocess.run([opts.python, "-c", version], capture_output=True,
                                     text=True).stdout.split()
         with open(opts.test_file, "rb") as f:
             digest = hashlib.sha256(f.read()).hexdigest()
+        report = {"test_file": opts.test_file, "test_file_sha256": digest, "torch": torch_info,
+                  "keyword": opts.keyword, "tests": ids if opts.tests else None,
+                  "repeat": opts.repeat, "counts": counts, "regressions": regressions,
+                  "classified": classified, "passes": passes,
+                  # the first run's outcomes (every run's under "runs" with --repeat)
+                  "results": {name: rs[0] for name, rs in runs.items()}}
+        if opts.repeat > 1:
+            report["runs"] = runs
         with open(opts.json, "w") as f:
-            json.dump({"test_file": opts.test_file, "test_file_sha256": digest,
-                       "torch": torch_info, "keyword": opts.keyword, "counts": counts,
-                       "regressions": regressions, "results": results}, f, indent=1)
-    print_report(configs, counts, regressions)
+            json.dump(report, f, indent=1)
+    print_report(configs, counts, classified, regressions, opts.repeat)
     runner.log(f"run_test_cuda: {time.monotonic() - started:.0f} s")
     return 1 if regressions and not opts.allow_regressions else 0
 
