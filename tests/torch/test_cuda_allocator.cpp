@@ -1480,6 +1480,23 @@ TEST_F(Installed, AnExpandableSegmentHandleThatCannotBeOpenedSaysWhy) {
   producer.release_physical(h);
 }
 
+// A forked child opens `shared`, writes `size` bytes at its offset and exits 0 printing `said`
+// and its process id (its simulated GPU is a copy of the parent's, so the memory is there too).
+void expect_a_child_opens_and_writes(const c10_alloc::ShareableHandle& shared, std::size_t size,
+                                     const std::string& said) {
+  EXPECT_EXIT(
+      {
+        std::shared_ptr<void> opened = c10_alloc::getIpcDevPtr(shared.handle);
+        void* data = static_cast<char*>(opened.get()) + shared.offset;
+        if (cudaMemset(data, 0x22, size) != cudaSuccess) std::exit(2);
+        if (cudaDeviceSynchronize() != cudaSuccess) std::exit(3);
+        opened.reset();
+        std::fprintf(stderr, "%s %d\n", said.c_str(), static_cast<int>(::getpid()));
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(0), said);
+}
+
 TEST_F(Installed, AnotherProcessOpensTheHandleWithPidfdGetfd) {
   if (classic()) GTEST_SKIP() << "classic memory is shared with cudaIpcGetMemHandle ('c')";
   void* p = c10_alloc::raw_alloc(5 * MiB);
@@ -1488,17 +1505,7 @@ TEST_F(Installed, AnotherProcessOpensTheHandleWithPidfdGetfd) {
   (void)::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
   // The forked child takes the parent's descriptors (its simulated GPU is a copy of the
   // parent's, so the memory they name is there too).
-  EXPECT_EXIT(
-      {
-        std::shared_ptr<void> opened = c10_alloc::getIpcDevPtr(shared.handle);
-        void* data = static_cast<char*>(opened.get()) + shared.offset;
-        if (cudaMemset(data, 0x22, 5 * MiB) != cudaSuccess) std::exit(2);
-        if (cudaDeviceSynchronize() != cudaSuccess) std::exit(3);
-        opened.reset();
-        std::fprintf(stderr, "opened in process %d\n", static_cast<int>(::getpid()));
-        std::exit(0);
-      },
-      ::testing::ExitedWithCode(0), "opened in process");
+  expect_a_child_opens_and_writes(shared, 5 * MiB, "opened in process");
   c10_alloc::raw_delete(p);
 }
 
@@ -1564,17 +1571,7 @@ TEST_F(FabricHandles, VmmMemoryIsSharedAsFabricHandlesThatAnotherProcessOpens) {
   opened.reset();
   EXPECT_EQ(sim().live_mappings, before.live_mappings);
   // Another process imports the bytes as they are: no descriptor to take, no ptrace permission.
-  EXPECT_EXIT(
-      {
-        std::shared_ptr<void> mine = c10_alloc::getIpcDevPtr(shared.handle);
-        void* at = static_cast<char*>(mine.get()) + shared.offset;
-        if (cudaMemset(at, 0x22, size) != cudaSuccess) std::exit(2);
-        if (cudaDeviceSynchronize() != cudaSuccess) std::exit(3);
-        mine.reset();
-        std::fprintf(stderr, "opened fabric handles in process %d\n", static_cast<int>(::getpid()));
-        std::exit(0);
-      },
-      ::testing::ExitedWithCode(0), "opened fabric handles in process");
+  expect_a_child_opens_and_writes(shared, size, "opened fabric handles in process");
   c10_alloc::raw_delete(p);
   c10_alloc::raw_delete(keep);
 }
