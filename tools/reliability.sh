@@ -30,12 +30,15 @@ jobs=$(nproc)
 status=0
 common=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGPUMEM_TORCH_PYTHON= -DGPUMEM_BUILD_BENCHMARKS=OFF
   -DGPUMEM_BUILD_EXAMPLES=OFF -DGPUMEM_TEST_PACKAGING=OFF -DGPUMEM_INSTALL=OFF)
+# Line tables only: sanitizer reports keep file:line, the builds take about a quarter less time.
+clang_flags=("-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -gline-tables-only -DNDEBUG")
+gcc_flags=("-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG")
 step() { echo "== reliability: $* (at $SECONDS s)" >&2; }
 
 # 1. ASan + UBSan
 step "test suite under AddressSanitizer + UndefinedBehaviorSanitizer"
 asan_tests="not run"
-if CXX=clang++ cmake -S . -B build-asan "${common[@]}" -DGPUMEM_SANITIZE=address,undefined >/dev/null &&
+if CXX=clang++ cmake -S . -B build-asan "${common[@]}" "${clang_flags[@]}" -DGPUMEM_SANITIZE=address,undefined >/dev/null &&
   cmake --build build-asan -j"$jobs" >"$out/asan-build.log" 2>&1; then
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir build-asan -j"$jobs" -LE "gpu|torch|python" --output-on-failure >"$out/asan-ctest.log" 2>&1 ||
@@ -50,7 +53,7 @@ echo "   $asan_tests" >&2
 # 2. TSan stress
 step "concurrency stress under ThreadSanitizer ($stress_ops operations per thread)"
 tsan_result="not run"
-if cmake -S . -B build-tsan "${common[@]}" -DGPUMEM_SANITIZE=thread -DGPUMEM_BUILD_TOOLS=OFF >/dev/null &&
+if cmake -S . -B build-tsan "${common[@]}" "${gcc_flags[@]}" -DGPUMEM_SANITIZE=thread -DGPUMEM_BUILD_TOOLS=OFF >/dev/null &&
   cmake --build build-tsan -j"$jobs" --target gpumem_test_stress >"$out/tsan-build.log" 2>&1; then
   if GPUMEM_STRESS_OPS=$stress_ops TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/gpumem_test_stress \
     >"$out/tsan-stress.log" 2>&1; then
@@ -70,7 +73,7 @@ echo "   $tsan_result, $stress_ops_total operations" >&2
 # 3. Fuzzers
 step "libFuzzer targets, $fuzz_seconds s each"
 fuzz_rows=()
-if CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGPUMEM_BUILD_FUZZERS=ON \
+if CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${clang_flags[@]}" -DGPUMEM_BUILD_FUZZERS=ON \
   -DGPUMEM_BUILD_TESTS=OFF -DGPUMEM_BUILD_TOOLS=OFF -DGPUMEM_BUILD_BENCHMARKS=OFF \
   -DGPUMEM_BUILD_EXAMPLES=OFF -DGPUMEM_INSTALL=OFF >/dev/null &&
   cmake --build build-fuzz -j"$jobs" >"$out/fuzz-build.log" 2>&1; then
