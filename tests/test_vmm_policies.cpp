@@ -130,6 +130,43 @@ TEST(Stitch, UnderPressureSucceedsWhereClassicFails) {
   for (void* p : classic_keep) classic.deallocate(p);
 }
 
+// What a miss costs in the driver under stitch (bench/README.md, "First-step cost"): one
+// cuMemCreate and one cuMemMap per 2 MiB page it creates (cuMemMap maps a handle from offset 0, so
+// a page that may be shared alone is an allocation of its own), one cuMemMap per free page it
+// shares, and one cuMemSetAccess over the whole run it mapped, not one per page. The simulated time
+// is exactly the cost model's charge for those calls.
+TEST(Stitch, AMissCreatesAndMapsEachPageAndSetsAccessOnce) {
+  simulated_device::options o = device_options(1 * GiB);
+  o.costs = gpumem::cost_model::typical();
+  simulated_device dev{o};
+  allocator a(dev, config("policy:stitch"));
+  void* first = a.allocate(100 * MiB);  // 50 new pages in a new range
+  gpumem::call_counters c = dev.counters();
+  EXPECT_EQ(c.address_reserve, 1u);
+  EXPECT_EQ(c.mem_create, 50u);
+  EXPECT_EQ(c.mem_map, 50u);
+  EXPECT_EQ(c.set_access, 1u);
+  EXPECT_EQ(c.memory_calls(), 102u);
+  const gpumem::cost_model& m = o.costs;
+  const double expected = m.address_reserve +
+                          50 * (m.mem_create + 2 * MiB * m.mem_create_per_byte) +
+                          50 * (m.mem_map + 2 * MiB * m.mem_map_per_byte) + m.set_access +
+                          100 * MiB * m.set_access_per_byte;
+  EXPECT_NEAR(dev.simulated_seconds(), expected, 1e-9);
+  EXPECT_NEAR(expected, 1.3044e-3, 1e-7);  // about 26 us a page: 20 us create, 5 us map
+
+  // A second block larger than the cached one: the miss maps the 50 free pages of `first` at a
+  // second address (one cuMemMap each, no create) and creates only what the headroom allows.
+  a.deallocate(first);
+  void* second = a.allocate(120 * MiB);
+  const gpumem::call_counters d = dev.counters() - c;
+  EXPECT_EQ(d.mem_map, 60u);  // every page of the run: 50 shared, 10 new
+  EXPECT_EQ(d.mem_create + 50u, d.mem_map);
+  EXPECT_EQ(d.set_access, 1u);
+  a.check_invariants();
+  a.deallocate(second);
+}
+
 TEST(Stitch, OutOfMemoryOnlyWhenTheLiveSetPlusTheRequestDoesNotFit) {
   constexpr std::size_t capacity = 256 * MiB;
   constexpr std::size_t page = 2 * MiB;
