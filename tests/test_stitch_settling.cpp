@@ -50,7 +50,7 @@ gpumem::replay_result replay_steps(const std::string& name, const std::string& c
 // Every bundled trace, twelve training steps in a row: stitch never waits for the GPU (free pages
 // are mapped at a second address, never moved), and once the steps repeat it makes no device
 // call at all — from the third step on, except the 3D U-Net, whose large classes still share
-// pages until the seventh (bench/README.md, "Stitch in the steady state"). Reserved memory:
+// pages until the sixth (bench/README.md, "Stitch in the steady state"). Reserved memory:
 // within 2% of the peak requested in the first step; over all twelve within 2% + 4 MiB where the
 // trace meets that bound (the steady-state goal), within 3% on ResNet-50, which does not yet.
 struct settling_case {
