@@ -51,6 +51,7 @@
 #include "gpumem/core/detail/pool_counters.hpp"
 #include "gpumem/core/detail/pools.hpp"
 #include "gpumem/core/detail/spin_mutex.hpp"
+#include "gpumem/core/detail/split_rules.hpp"
 #include "gpumem/core/detail/stitch_policy.hpp"
 #include "gpumem/core/detail/vmm_growth.hpp"
 #include "gpumem/core/detail/vmm_pages.hpp"
@@ -229,6 +230,7 @@ class caching_allocator {
     config_.validate();
     policy_ = config_.effective_policy(is_vmm_device_v<Device>);
     rules_ = detail::policy_rules::of(policy_);
+    splits_ = detail::split_rules(rules_);
     std::size_t granularity = 0;  // the VMM page size, under a VMM policy only
     if constexpr (is_vmm_device_v<Device>) {
       if (rules_.maps_pages) granularity = device_.granularity();
@@ -353,7 +355,7 @@ class caching_allocator {
   /// usage_error under stitch, whose size-class pools hold only blocks of their class.
   void set_no_split(bool no_split) {
     std::lock_guard<detail::spin_mutex> lock(mutex_);
-    if (no_split && rules_.stitches) {
+    if (no_split && !splits_.allows_no_split()) {
       throw usage_error(
           "gpumem: set_no_split under the stitch policy: a whole block of one size class cannot "
           "serve a request of another (use classic or expandable)");
@@ -1073,10 +1075,7 @@ class caching_allocator {
       index_insert(p, cut(b, cb.address + cb.size));
       ++pieces;
     }
-    if (!rules_.maps_pages && pieces > 1) {  // classic: every free piece of a split segment
-      counts_.increase(p.is_small, counter::inactive_split, pieces - (was_split ? 1 : 0));
-      if (!was_split) counts_.increase(p.is_small, counter::inactive_split_bytes, as_i64(whole));
-    }
+    count_inactive_split(p.is_small, splits_.on_cut(pieces, was_split, whole));
     alloc_found_block(b, p, cb.size, cb.size);
     return b;
   }
@@ -1355,12 +1354,7 @@ class caching_allocator {
   GPUMEM_ALWAYS_INLINE void* alloc_found_block(block_type* b, pool_type& p, std::size_t rounded,
                                                std::size_t requested) {
     const bool already_split = b->is_split();
-    // VMM segments split any remainder of at least 512 B (PyTorch's rule for expandable segments)
-    // and are left out of inactive_split, as in PyTorch.
-    const bool vmm = rules_.maps_pages;  // every segment of a VMM policy is a VMM segment
-    if (!no_split_ &&
-        (vmm ? b->size - rounded >= detail::k_min_block_size
-             : detail::should_split(b->size, rounded, p.is_small, config_.max_split_size))) {
+    if (!no_split_ && splits_.splits(b->size, rounded, p.is_small, config_.max_split_size)) {
       block_type* remaining = b;
       b = block_pool_.create(remaining->ptr, rounded, &p, remaining->seg);
       b->prev = remaining->prev;
@@ -1374,17 +1368,9 @@ class caching_allocator {
       remaining->ptr += rounded;
       remaining->size -= rounded;
       index_insert(p, remaining);
-      if (!vmm) {
-        if (already_split) {
-          counts_.decrease(p.is_small, counter::inactive_split_bytes, as_i64(rounded));
-        } else {
-          counts_.increase(p.is_small, counter::inactive_split_bytes, as_i64(remaining->size));
-          counts_.increase(p.is_small, counter::inactive_split, 1);
-        }
-      }
-    } else if (already_split && !vmm) {
-      counts_.decrease(p.is_small, counter::inactive_split_bytes, as_i64(b->size));
-      counts_.decrease(p.is_small, counter::inactive_split, 1);
+      count_inactive_split(p.is_small, splits_.on_split(already_split, rounded, remaining->size));
+    } else {
+      count_inactive_split(p.is_small, splits_.on_take_whole(already_split, b->size));
     }
     b->allocated = true;
     b->requested_size = requested;
@@ -1398,6 +1384,13 @@ class caching_allocator {
     if (b->seg->shared_pages != 0) hold_pages(b);
     note_peak();
     return reinterpret_cast<void*>(b->ptr);
+  }
+
+  // Applies what the split rules (core/detail/split_rules.hpp) say a split, merge or cut changes.
+  GPUMEM_ALWAYS_INLINE void count_inactive_split(bool small,
+                                                 detail::inactive_split_change c) noexcept {
+    counts_.change(small, counter::inactive_split, c.blocks);
+    counts_.change(small, counter::inactive_split_bytes, c.bytes);
   }
 
   // Tracks the most bytes allocated while reserved memory stood at its peak.
@@ -1424,33 +1417,16 @@ class caching_allocator {
     }
     const std::size_t original_size = b->size;
     const std::size_t requested = b->requested_size;
-    std::int64_t net_inactive_blocks = 0;
-    std::int64_t net_inactive_bytes = 0;
+    std::int64_t merged = 0;
+    std::size_t merged_bytes = 0;
     for (block_type* candidate : {b->prev, b->next}) {
       const std::size_t subsumed = try_merge_blocks(b, candidate, p);
-      if (subsumed > 0) {
-        net_inactive_blocks -= 1;
-        net_inactive_bytes -= as_i64(subsumed);
-      }
+      merged += subsumed > 0 ? 1 : 0;
+      merged_bytes += subsumed;
     }
     index_insert(p, b);
-    if (rules_.maps_pages) {
-      net_inactive_blocks = net_inactive_bytes = 0;  // VMM blocks are not inactive_split
-    } else if (b->is_split()) {
-      net_inactive_blocks += 1;
-      net_inactive_bytes += as_i64(b->size);
-    }
     const bool small = p.is_small;
-    if (net_inactive_blocks > 0)
-      counts_.increase(small, counter::inactive_split, net_inactive_blocks);
-    if (net_inactive_blocks < 0)
-      counts_.decrease(small, counter::inactive_split, -net_inactive_blocks);
-    if (net_inactive_bytes > 0) {
-      counts_.increase(small, counter::inactive_split_bytes, net_inactive_bytes);
-    }
-    if (net_inactive_bytes < 0) {
-      counts_.decrease(small, counter::inactive_split_bytes, -net_inactive_bytes);
-    }
+    count_inactive_split(small, splits_.on_free(merged, merged_bytes, b->is_split(), b->size));
     counts_.decrease(small, counter::active, 1);
     counts_.decrease(small, counter::active_bytes, as_i64(original_size));
     counts_.decrease(small, counter::requested_bytes, as_i64(requested));
@@ -2373,6 +2349,7 @@ class caching_allocator {
   allocator_config config_;
   allocator_policy policy_ = allocator_policy::classic;
   detail::policy_rules rules_;  // what policy_ does differently (core/detail/policy_rules.hpp)
+  detail::split_rules splits_;  // when to split, what inactive_split counts (split_rules.hpp)
   mutable detail::spin_mutex mutex_;
 
   std::vector<std::unique_ptr<pools_type>> stream_pools_;

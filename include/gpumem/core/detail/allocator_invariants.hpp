@@ -26,6 +26,7 @@
 #include "gpumem/core/detail/pointer_map.hpp"
 #include "gpumem/core/detail/pool_counters.hpp"
 #include "gpumem/core/detail/pools.hpp"
+#include "gpumem/core/detail/split_rules.hpp"
 #include "gpumem/core/detail/vmm_growth.hpp"
 #include "gpumem/core/detail/vmm_pages.hpp"
 #include "gpumem/core/size_policy.hpp"
@@ -94,6 +95,7 @@ class allocator_invariants {
       }
       if (s->head == nullptr || s->head->prev != nullptr)
         fail("segment head is not its first block");
+      split_rules::check(*s);
       std::uintptr_t expect = s->ptr;
       const bool split = s->head->next != nullptr;
       const std::size_t pt = s->owner->is_small ? 1 : 2;
