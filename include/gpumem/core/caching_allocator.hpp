@@ -43,6 +43,7 @@
 #include "gpumem/core/allocator_events.hpp"
 #include "gpumem/core/detail/allocator_invariants.hpp"
 #include "gpumem/core/detail/block.hpp"
+#include "gpumem/core/detail/block_list.hpp"
 #include "gpumem/core/detail/event_reporter.hpp"
 #include "gpumem/core/detail/free_block_index.hpp"
 #include "gpumem/core/detail/oom_details.hpp"
@@ -900,6 +901,7 @@ class caching_allocator {
   using segment_type = detail::segment<stream_type>;
   using pool_type = detail::pool<stream_type>;
   using pools_type = detail::stream_pools<stream_type>;
+  using block_links = detail::block_list<stream_type>;  // links, cuts, joins blocks
 
   static std::int64_t as_i64(std::size_t v) noexcept { return static_cast<std::int64_t>(v); }
 
@@ -1356,17 +1358,7 @@ class caching_allocator {
     const bool already_split = b->is_split();
     if (!no_split_ && splits_.splits(b->size, rounded, p.is_small, config_.max_split_size)) {
       block_type* remaining = b;
-      b = block_pool_.create(remaining->ptr, rounded, &p, remaining->seg);
-      b->prev = remaining->prev;
-      if (b->prev != nullptr) {
-        b->prev->next = b;
-      } else {
-        b->seg->head = b;
-      }
-      b->next = remaining;
-      remaining->prev = b;
-      remaining->ptr += rounded;
-      remaining->size -= rounded;
+      b = cut_low(remaining, remaining->ptr + rounded);
       index_insert(p, remaining);
       count_inactive_split(p.is_small, splits_.on_split(already_split, rounded, remaining->size));
     } else {
@@ -1438,20 +1430,7 @@ class caching_allocator {
         src->mapped != dst->mapped || src->shadowed != dst->shadowed) {
       return 0;
     }
-    if (dst->prev == src) {
-      dst->ptr = src->ptr;
-      dst->prev = src->prev;
-      if (dst->prev != nullptr) {
-        dst->prev->next = dst;
-      } else {
-        dst->seg->head = dst;
-      }
-    } else {
-      dst->next = src->next;
-      if (dst->next != nullptr) dst->next->prev = dst;
-    }
-    const std::size_t subsumed = src->size;
-    dst->size += subsumed;
+    const std::size_t subsumed = block_links::join(dst, src);
     dst->freed_at = std::max(dst->freed_at, src->freed_at);
     if (src->shadowed) {
       p.shadowed.erase(src);
@@ -1776,27 +1755,11 @@ class caching_allocator {
     }
   }
 
-  // Inserts a new block between `before` (may be null) and `after` (may be null) of segment s.
-  void splice(block_type* b, block_type* before, block_type* after) noexcept {
-    b->prev = before;
-    b->next = after;
-    if (before != nullptr) {
-      before->next = b;
-    } else {
-      b->seg->head = b;
-    }
-    if (after != nullptr) after->prev = b;
-  }
-
-  // Cuts block b at `at` (inside it, b->ptr < at < b->ptr + b->size): b keeps the low part, the
-  // returned block (same state, not listed anywhere) the high part.
-  block_type* cut(block_type* b, std::uintptr_t at) {
-    block_type* high = block_pool_.create(at, b->ptr + b->size - at, b->owner, b->seg);
-    high->mapped = b->mapped;
-    high->shadowed = b->shadowed;
-    splice(high, b, b->next);
-    b->size = at - b->ptr;
-    return high;
+  // Cuts block b at `at` (inside it): b keeps the low part, the returned block (b's state, in no
+  // set) the high part; cut_low returns the low part instead (core/detail/block_list.hpp).
+  block_type* cut(block_type* b, std::uintptr_t at) { return block_links::cut(block_pool_, b, at); }
+  block_type* cut_low(block_type* b, std::uintptr_t at) {
+    return block_links::cut_low(block_pool_, b, at);
   }
 
   // --- stitch's shared pages
@@ -2071,18 +2034,6 @@ class caching_allocator {
       try_merge_blocks(b, b->next, p);
       p.unmapped.insert(b);
     }
-  }
-
-  // Cuts block b at `at`: the low part becomes a new block (returned, same state, not listed), b
-  // keeps the high part.
-  block_type* cut_low(block_type* b, std::uintptr_t at) {
-    block_type* low = block_pool_.create(b->ptr, at - b->ptr, b->owner, b->seg);
-    low->mapped = b->mapped;
-    low->shadowed = b->shadowed;
-    splice(low, b->prev, b);
-    b->size -= at - b->ptr;
-    b->ptr = at;
-    return low;
   }
 
   // PyTorch's map_block: maps the first `size` bytes (rounded up to pages) of unmapped block
