@@ -51,6 +51,7 @@
 #include "gpumem/core/detail/policy_rules.hpp"
 #include "gpumem/core/detail/pool_counters.hpp"
 #include "gpumem/core/detail/pools.hpp"
+#include "gpumem/core/detail/segment_release.hpp"
 #include "gpumem/core/detail/spin_mutex.hpp"
 #include "gpumem/core/detail/split_rules.hpp"
 #include "gpumem/core/detail/stitch_policy.hpp"
@@ -232,6 +233,7 @@ class caching_allocator {
     policy_ = config_.effective_policy(is_vmm_device_v<Device>);
     rules_ = detail::policy_rules::of(policy_);
     splits_ = detail::split_rules(rules_);
+    release_ = detail::segment_release(rules_);
     std::size_t granularity = 0;  // the VMM page size, under a VMM policy only
     if constexpr (is_vmm_device_v<Device>) {
       if (rules_.maps_pages) granularity = device_.granularity();
@@ -259,7 +261,7 @@ class caching_allocator {
     try {
       events_.destroy_all(/*wait=*/false);
       // cudaFree waits for the device; cuMemUnmap does not (see release_vmm_cache).
-      if (rules_.maps_pages && segments_ != nullptr) device_.synchronize();
+      if (release_.unmaps_pages() && segments_ != nullptr) device_.synchronize();
       for (segment_type* s = segments_; s != nullptr; s = s->next) {
         if (s->page_size != 0) {
           release_vmm_segment_unchecked(s);
@@ -1252,45 +1254,28 @@ class caching_allocator {
 
   // PyTorch's release_available_cached_blocks: only with max_split_size set. Frees the smallest
   // oversize block that covers the request, else the largest oversize blocks until enough.
+  // The choice is segment_release's (core/detail/segment_release.hpp).
   bool release_available_cached_blocks(pool_type& p, std::size_t rounded) {
-    const std::size_t max_split = config_.max_split_size;
-    if (max_split == std::numeric_limits<std::size_t>::max()) return false;
-    const std::size_t key = rounded < max_split ? max_split : rounded;
-    if (block_type* b = p.index.lower_bound(key)) {
-      if (b->is_split())
-        return false;  // cannot happen with the split rules; never free live memory
-      release_block(b);
-      return true;
-    }
-    std::vector<block_type*> descending;
-    p.index.for_each([&](block_type* b) { descending.push_back(b); });
-    std::reverse(descending.begin(), descending.end());
-    std::size_t released = 0;
-    for (block_type* b : descending) {
-      if (released >= key || b->size < max_split) break;
-      if (b->is_split()) continue;
-      released += b->size;
+    bool enough = false;
+    for (block_type* b : detail::segment_release::oversize_blocks<block_type>(
+             p, rounded, config_.max_split_size, enough)) {
       release_block(b);
     }
-    return released >= key;
+    return enough;
   }
 
   // PyTorch's release_cached_blocks: wait for all events, then free every unsplit cached block.
   void release_cached_blocks() {
     synchronize_and_free_events();
-    if (rules_.maps_pages) {
+    if (release_.unmaps_pages()) {
       release_vmm_cache();
       return;
     }
-    std::vector<block_type*> whole;
-    for (auto& sp : stream_pools_) {
-      sp->for_each([&](pool_type& p) {
-        p.index.for_each([&](block_type* b) {
-          if (!b->is_split()) whole.push_back(b);
-        });
-      });
+    for (block_type* b : detail::segment_release::whole_blocks<block_type>([&](auto&& visit) {
+           for (auto& sp : stream_pools_) sp->for_each(visit);
+         })) {
+      release_block(b);
     }
-    for (block_type* b : whole) release_block(b);
   }
 
   // PyTorch's garbage_collect_cached_blocks: above threshold x cap, free unsplit large blocks
@@ -1300,36 +1285,13 @@ class caching_allocator {
                                                     static_cast<double>(allowed_memory_maximum_));
     const std::size_t reserved = limited_total();
     if (reserved <= threshold) return;
-    const std::size_t target = reserved - threshold;
-    const std::uint64_t now = large_free_lookups_;
-    std::vector<block_type*> freeable;
-    for (auto& sp : stream_pools_) {
-      sp->large.index.for_each([&](block_type* b) {
-        if (!b->is_split()) freeable.push_back(b);
-      });
-    }
-    if (freeable.empty()) return;
-    std::uint64_t total_age = 0;
-    for (block_type* b : freeable) total_age += now - b->gc_count_base;
-    std::size_t reclaimed = 0;
-    bool freed_any = true;
-    while (reclaimed < target && freed_any && !freeable.empty()) {
-      const double age_threshold =
-          static_cast<double>(total_age) / static_cast<double>(freeable.size());
-      freed_any = false;
-      std::vector<block_type*> keep;
-      for (block_type* b : freeable) {
-        const std::uint64_t age = now - b->gc_count_base;
-        if (static_cast<double>(age) >= age_threshold) {
-          freed_any = true;
-          reclaimed += b->size;
-          total_age -= age;
-          release_block(b);
-        } else {
-          keep.push_back(b);
-        }
-      }
-      freeable.swap(keep);
+    std::vector<block_type*> freeable =
+        detail::segment_release::whole_blocks<block_type>([&](auto&& visit) {
+          for (auto& sp : stream_pools_) visit(sp->large);
+        });
+    for (block_type* b : detail::segment_release::garbage(std::move(freeable), large_free_lookups_,
+                                                          reserved - threshold)) {
+      release_block(b);
     }
   }
 
@@ -2293,14 +2255,16 @@ class caching_allocator {
   void check_invariants_locked() const {
     detail::allocator_invariants<Device>::check(detail::allocator_state<Device>{
         segments_, stream_pools_, allocated_, counts_, stats_, vmm_, deferred_, free_markers_,
-        reserved_total_, config_.max_split_size, rules_.stitches, !max_split_changed_, &growth_});
+        reserved_total_, config_.max_split_size, rules_.stitches, !max_split_changed_, &growth_,
+        &release_});
   }
 
   Device& device_;
   allocator_config config_;
   allocator_policy policy_ = allocator_policy::classic;
-  detail::policy_rules rules_;  // what policy_ does differently (core/detail/policy_rules.hpp)
-  detail::split_rules splits_;  // when to split, what inactive_split counts (split_rules.hpp)
+  detail::policy_rules rules_;       // what policy_ does differently (core/detail/policy_rules.hpp)
+  detail::split_rules splits_;       // when to split, what inactive_split counts (split_rules.hpp)
+  detail::segment_release release_;  // what giving memory back frees (segment_release.hpp)
   mutable detail::spin_mutex mutex_;
 
   std::vector<std::unique_ptr<pools_type>> stream_pools_;

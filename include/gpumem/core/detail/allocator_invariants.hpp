@@ -27,6 +27,7 @@
 #include "gpumem/core/detail/pointer_map.hpp"
 #include "gpumem/core/detail/pool_counters.hpp"
 #include "gpumem/core/detail/pools.hpp"
+#include "gpumem/core/detail/segment_release.hpp"
 #include "gpumem/core/detail/split_rules.hpp"
 #include "gpumem/core/detail/vmm_growth.hpp"
 #include "gpumem/core/detail/vmm_pages.hpp"
@@ -59,6 +60,8 @@ struct allocator_state {
   bool oversize_counts_exact = true;
   // The VMM policy's rules for ranges and pools (vmm_growth::check, check_pool); none: unchecked.
   const vmm_growth* growth = nullptr;
+  // Which kind of segment the policy gives back (segment_release::check); none: unchecked.
+  const segment_release* release = nullptr;
 };
 
 template <class Device>
@@ -96,6 +99,7 @@ class allocator_invariants {
       }
       block_list<stream_type>::check(*s);  // the blocks tile the segment
       split_rules::check(*s);
+      if (a.release != nullptr) a.release->check(*s);
       const bool split = s->head->next != nullptr;
       const std::size_t pt = s->owner->is_small ? 1 : 2;
       count(counter::segment, pt, 1);
