@@ -8,25 +8,18 @@
 #include <cstdint>
 #include <stdexcept>
 
-#include "gpumem/core/detail/block.hpp"
-#include "support/sim.hpp"
+#include "support/components.hpp"
 
 namespace {
 
-using gpumem::simulated_device;
 using namespace gpumem_test;
-
-using stream_type = gpumem::simulated_device::stream_type;
-using block_type = gpumem::detail::block<stream_type>;
-using segment_type = gpumem::detail::segment<stream_type>;
-using pool_type = gpumem::detail::pool<stream_type>;
-using blocks = gpumem::detail::block_list<stream_type>;
+using blocks = gpumem::detail::block_list<sim_stream>;
 
 struct one_segment {
-  gpumem::detail::object_pool<block_type> slab;
-  pool_type pool;
-  segment_type s;
-  block_type* whole = nullptr;
+  gpumem::detail::object_pool<sim_block> slab;
+  sim_pool pool;
+  sim_segment s;
+  sim_block* whole = nullptr;
 
   explicit one_segment(std::uintptr_t base = 0x100000, std::size_t size = 8 * KiB) {
     s.ptr = base;
@@ -40,7 +33,7 @@ struct one_segment {
 TEST(BlockList, CutsKeepTheSegmentTiled) {
   one_segment t;
   t.whole->mapped = false;
-  block_type* high = blocks::cut(t.slab, t.whole, 0x100000 + 3 * KiB);
+  sim_block* high = blocks::cut(t.slab, t.whole, 0x100000 + 3 * KiB);
   EXPECT_EQ(t.whole->size, 3 * KiB);
   EXPECT_EQ(high->ptr, 0x100000 + 3 * KiB);
   EXPECT_EQ(high->size, 5 * KiB);
@@ -49,7 +42,7 @@ TEST(BlockList, CutsKeepTheSegmentTiled) {
   EXPECT_EQ(t.whole->next, high);
   EXPECT_NO_THROW(blocks::check(t.s));
 
-  block_type* low = blocks::cut_low(t.slab, t.whole, 0x100000 + KiB);
+  sim_block* low = blocks::cut_low(t.slab, t.whole, 0x100000 + KiB);
   EXPECT_EQ(t.s.head, low);  // the new low piece is the head now
   EXPECT_EQ(low->size, KiB);
   EXPECT_EQ(t.whole->ptr, 0x100000 + KiB);
@@ -61,9 +54,9 @@ TEST(BlockList, CutsKeepTheSegmentTiled) {
 
 TEST(BlockList, JoinsNeighboursOnEitherSide) {
   one_segment t;
-  block_type* mid = blocks::cut(t.slab, t.whole, 0x100000 + 2 * KiB);
-  block_type* high = blocks::cut(t.slab, mid, 0x100000 + 6 * KiB);
-  block_type* low = t.whole;
+  sim_block* mid = blocks::cut(t.slab, t.whole, 0x100000 + 2 * KiB);
+  sim_block* high = blocks::cut(t.slab, mid, 0x100000 + 6 * KiB);
+  sim_block* low = t.whole;
   EXPECT_EQ(blocks::join(mid, high), 2 * KiB);  // the block after
   EXPECT_EQ(mid->next, nullptr);
   EXPECT_EQ(mid->size, 6 * KiB);
@@ -78,7 +71,7 @@ TEST(BlockList, JoinsNeighboursOnEitherSide) {
 
 TEST(BlockList, CheckNamesTheFirstBreak) {
   one_segment t;
-  block_type* high = blocks::cut(t.slab, t.whole, 0x100000 + 4 * KiB);
+  sim_block* high = blocks::cut(t.slab, t.whole, 0x100000 + 4 * KiB);
   high->ptr += 512;  // a gap
   try {
     blocks::check(t.s);
@@ -94,7 +87,7 @@ TEST(BlockList, CheckNamesTheFirstBreak) {
   t.s.size += 512;
   EXPECT_THROW(blocks::check(t.s), std::logic_error);  // the last block ends short
   t.s.size -= 512;
-  pool_type other;
+  sim_pool other;
   high->owner = &other;
   EXPECT_THROW(blocks::check(t.s), std::logic_error);  // another pool's block
   high->owner = &t.pool;
@@ -104,9 +97,7 @@ TEST(BlockList, CheckNamesTheFirstBreak) {
 // The allocator cuts and joins through the component: after splits, frees and merges under each
 // policy the blocks still tile their segments (allocator_invariants calls the check).
 TEST(BlockList, AllocatorSegmentsStayTiled) {
-  for (const char* policy : {"policy:classic", "policy:expandable", "policy:stitch"}) {
-    simulated_device dev{device_options(GiB)};
-    allocator a(dev, config(policy));
+  for_each_policy([](allocator& a, gpumem::simulated_device& dev, const std::string& policy) {
     void* x = a.allocate(3 * MiB, dev.default_stream());
     void* y = a.allocate(5 * MiB, dev.default_stream());
     void* z = a.allocate(3 * MiB, dev.default_stream());
@@ -117,7 +108,7 @@ TEST(BlockList, AllocatorSegmentsStayTiled) {
     EXPECT_NO_THROW(a.check_invariants()) << policy;
     a.empty_cache();
     EXPECT_NO_THROW(a.check_invariants()) << policy;
-  }
+  });
 }
 
 }  // namespace

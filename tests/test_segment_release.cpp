@@ -12,53 +12,45 @@
 #include <stdexcept>
 #include <vector>
 
-#include "gpumem/core/detail/block.hpp"
-#include "gpumem/core/detail/pools.hpp"
-#include "support/sim.hpp"
+#include "support/components.hpp"
 
 namespace {
 
 using gpumem::allocator_policy;
-using gpumem::simulated_device;
 using gpumem::detail::policy_rules;
 using gpumem::detail::segment_release;
 using namespace gpumem_test;
-
-using stream_type = gpumem::simulated_device::stream_type;
-using block_type = gpumem::detail::block<stream_type>;
-using segment_type = gpumem::detail::segment<stream_type>;
-using pool_type = gpumem::detail::pool<stream_type>;
 
 constexpr std::size_t no_limit = std::numeric_limits<std::size_t>::max();
 
 // Free blocks in one pool's index, each the whole of its own segment unless split() is asked.
 struct cached {
-  pool_type pool;
-  std::vector<std::unique_ptr<segment_type>> segments;
-  std::vector<std::unique_ptr<block_type>> blocks;
-  block_type neighbour;  // the allocated rest of a split segment
+  sim_pool pool;
+  std::vector<std::unique_ptr<sim_segment>> segments;
+  std::vector<std::unique_ptr<sim_block>> blocks;
+  sim_block neighbour;  // the allocated rest of a split segment
 
-  block_type* add(std::size_t size, std::uint64_t gc_base = 0) {
-    segments.push_back(std::make_unique<segment_type>());
-    segment_type* s = segments.back().get();
+  sim_block* add(std::size_t size, std::uint64_t gc_base = 0) {
+    segments.push_back(std::make_unique<sim_segment>());
+    sim_segment* s = segments.back().get();
     s->ptr = 0x10000000 * segments.size();
     s->size = size;
-    blocks.push_back(std::make_unique<block_type>(s->ptr, size, &pool, s));
-    block_type* b = blocks.back().get();
+    blocks.push_back(std::make_unique<sim_block>(s->ptr, size, &pool, s));
+    sim_block* b = blocks.back().get();
     b->gc_count_base = gc_base;
     s->head = b;
     pool.index.insert(b);
     return b;
   }
-  void split(block_type* b) { b->next = &neighbour; }
+  void split(sim_block* b) { b->next = &neighbour; }
   ~cached() {
     for (auto& b : blocks) pool.index.erase(b.get());
   }
 };
 
-std::vector<block_type*> oversize(const cached& c, std::size_t rounded, std::size_t max_split,
-                                  bool& enough) {
-  return segment_release::oversize_blocks<block_type>(c.pool, rounded, max_split, enough);
+std::vector<sim_block*> oversize(const cached& c, std::size_t rounded, std::size_t max_split,
+                                 bool& enough) {
+  return segment_release::oversize_blocks<sim_block>(c.pool, rounded, max_split, enough);
 }
 
 TEST(SegmentRelease, PolicyDecidesHowMemoryGoesBack) {
@@ -69,36 +61,35 @@ TEST(SegmentRelease, PolicyDecidesHowMemoryGoesBack) {
 
 TEST(SegmentRelease, WholeBlocksLeaveSplitSegments) {
   cached c;
-  block_type* a = c.add(20 * MiB);
-  block_type* b = c.add(2 * MiB);
+  sim_block* a = c.add(20 * MiB);
+  sim_block* b = c.add(2 * MiB);
   c.split(c.add(4 * MiB));
-  const auto whole =
-      segment_release::whole_blocks<block_type>([&](auto&& visit) { visit(c.pool); });
-  EXPECT_EQ(whole, (std::vector<block_type*>{b, a}));  // smallest first, the split one left
+  const auto whole = segment_release::whole_blocks<sim_block>([&](auto&& visit) { visit(c.pool); });
+  EXPECT_EQ(whole, (std::vector<sim_block*>{b, a}));  // smallest first, the split one left
 }
 
 TEST(SegmentRelease, OversizeTakesTheSmallestThatCovers) {
   cached c;
   c.add(30 * MiB);
-  block_type* fit = c.add(24 * MiB);
+  sim_block* fit = c.add(24 * MiB);
   c.add(10 * MiB);
   bool enough = false;
   EXPECT_TRUE(oversize(c, 21 * MiB, no_limit, enough).empty());  // max_split_size unset
   EXPECT_FALSE(enough);
-  EXPECT_EQ(oversize(c, 21 * MiB, 20 * MiB, enough), std::vector<block_type*>{fit});
+  EXPECT_EQ(oversize(c, 21 * MiB, 20 * MiB, enough), std::vector<sim_block*>{fit});
   EXPECT_TRUE(enough);
   // A request below max_split_size looks for a block of at least max_split_size.
-  EXPECT_EQ(oversize(c, 2 * MiB, 20 * MiB, enough), std::vector<block_type*>{fit});
+  EXPECT_EQ(oversize(c, 2 * MiB, 20 * MiB, enough), std::vector<sim_block*>{fit});
 }
 
 TEST(SegmentRelease, OversizeElseTheLargestUntilEnough) {
   cached c;
-  block_type* large = c.add(30 * MiB);
-  block_type* next = c.add(24 * MiB);
+  sim_block* large = c.add(30 * MiB);
+  sim_block* next = c.add(24 * MiB);
   c.add(22 * MiB);
   c.add(10 * MiB);  // not oversize: never chosen
   bool enough = false;
-  EXPECT_EQ(oversize(c, 50 * MiB, 20 * MiB, enough), (std::vector<block_type*>{large, next}));
+  EXPECT_EQ(oversize(c, 50 * MiB, 20 * MiB, enough), (std::vector<sim_block*>{large, next}));
   EXPECT_TRUE(enough);
   c.split(next);  // a split block is passed over
   const auto chosen = oversize(c, 80 * MiB, 20 * MiB, enough);
@@ -108,21 +99,21 @@ TEST(SegmentRelease, OversizeElseTheLargestUntilEnough) {
 
 TEST(SegmentRelease, GarbageIsTheOldestRoundAfterRound) {
   cached c;
-  block_type* old = c.add(20 * MiB, 0);     // age 100
-  block_type* mid = c.add(20 * MiB, 50);    // age 50
-  block_type* young = c.add(20 * MiB, 90);  // age 10
-  const std::vector<block_type*> all{old, mid, young};
+  sim_block* old = c.add(20 * MiB, 0);     // age 100
+  sim_block* mid = c.add(20 * MiB, 50);    // age 50
+  sim_block* young = c.add(20 * MiB, 90);  // age 10
+  const std::vector<sim_block*> all{old, mid, young};
   // Average age 53.3: only the oldest, which reclaims enough.
-  EXPECT_EQ(segment_release::garbage(all, 100, 20 * MiB), std::vector<block_type*>{old});
+  EXPECT_EQ(segment_release::garbage(all, 100, 20 * MiB), std::vector<sim_block*>{old});
   // More to reclaim: a second round over the two left (average 30) takes the middle one.
-  EXPECT_EQ(segment_release::garbage(all, 100, 30 * MiB), (std::vector<block_type*>{old, mid}));
-  EXPECT_TRUE(segment_release::garbage(std::vector<block_type*>{}, 100, GiB).empty());
+  EXPECT_EQ(segment_release::garbage(all, 100, 30 * MiB), (std::vector<sim_block*>{old, mid}));
+  EXPECT_TRUE(segment_release::garbage(std::vector<sim_block*>{}, 100, GiB).empty());
 }
 
 TEST(SegmentRelease, ChecksTheKindOfSegment) {
   const segment_release classic(policy_rules::of(allocator_policy::classic));
   const segment_release stitch(policy_rules::of(allocator_policy::stitch));
-  segment_type s;
+  sim_segment s;
   EXPECT_NO_THROW(classic.check(s));
   EXPECT_THROW(stitch.check(s), std::logic_error);
   s.page_size = 2 * MiB;
@@ -133,9 +124,7 @@ TEST(SegmentRelease, ChecksTheKindOfSegment) {
 // The allocator releases what the component chooses: empty_cache returns every whole cached
 // segment and keeps a split one that holds an allocation, under each policy's release path.
 TEST(SegmentRelease, AllocatorGivesBackWhatItChose) {
-  for (const char* policy : {"policy:classic", "policy:expandable", "policy:stitch"}) {
-    simulated_device dev{device_options(GiB)};
-    allocator a(dev, config(policy));
+  for_each_policy([](allocator& a, gpumem::simulated_device& dev, const std::string& policy) {
     void* keep = a.allocate(2 * MiB, dev.default_stream());
     void* other = a.allocate(2 * MiB, dev.default_stream());
     void* big = a.allocate(100 * MiB, dev.default_stream());
@@ -148,7 +137,7 @@ TEST(SegmentRelease, AllocatorGivesBackWhatItChose) {
     a.deallocate(keep);
     a.empty_cache();
     EXPECT_EQ(reserved(a), 0) << policy;
-  }
+  });
 }
 
 }  // namespace

@@ -9,21 +9,15 @@
 #include <cstdint>
 #include <stdexcept>
 
-#include "gpumem/core/detail/block.hpp"
-#include "support/sim.hpp"
+#include "support/components.hpp"
 
 namespace {
 
 using gpumem::allocator_policy;
-using gpumem::simulated_device;
 using gpumem::detail::inactive_split_change;
 using gpumem::detail::policy_rules;
 using gpumem::detail::split_rules;
 using namespace gpumem_test;
-
-using stream_type = gpumem::simulated_device::stream_type;
-using block_type = gpumem::detail::block<stream_type>;
-using segment_type = gpumem::detail::segment<stream_type>;
 
 constexpr std::size_t no_limit = ~std::size_t{0};
 
@@ -83,9 +77,9 @@ TEST(SplitRules, VmmPoliciesCountNothing) {
 }
 
 TEST(SplitRules, ChecksNoBlockIsASliver) {
-  segment_type s;
-  block_type low(0x1000, 512, nullptr, &s);
-  block_type high(0x1200, 1024, nullptr, &s);
+  sim_segment s;
+  sim_block low(0x1000, 512, nullptr, &s);
+  sim_block high(0x1200, 1024, nullptr, &s);
   s.ptr = 0x1000;
   s.size = 1536;
   s.head = &low;
@@ -101,25 +95,23 @@ TEST(SplitRules, ChecksNoBlockIsASliver) {
 // The allocator follows the rules it is given: the inactive_split counters it keeps equal the
 // checker's recount under each policy, and stitch refuses no_split.
 TEST(SplitRules, AllocatorCountsWhatTheRulesSay) {
-  for (const char* policy : {"policy:classic", "policy:expandable", "policy:stitch"}) {
-    simulated_device dev{device_options(GiB)};
-    allocator a(dev, config(policy));
+  for_each_policy([](allocator& a, gpumem::simulated_device& dev, const std::string& policy) {
     void* x = a.allocate(3 * MiB, dev.default_stream());
     void* y = a.allocate(3 * MiB, dev.default_stream());
     void* z = a.allocate(1000, dev.default_stream());
     a.deallocate(x);
     EXPECT_NO_THROW(a.check_invariants()) << policy;
     const std::int64_t inactive = a.stats().inactive_split[0].current;
-    EXPECT_EQ(inactive > 0, std::string(policy) == "policy:classic") << policy;
+    EXPECT_EQ(inactive > 0, policy == "policy:classic") << policy;
     a.deallocate(y);
     a.deallocate(z);
     EXPECT_NO_THROW(a.check_invariants()) << policy;
-    if (std::string(policy) == "policy:stitch") {
+    if (policy == "policy:stitch") {
       EXPECT_THROW(a.set_no_split(true), gpumem::usage_error);
     } else {
       EXPECT_NO_THROW(a.set_no_split(true)) << policy;
     }
-  }
+  });
 }
 
 }  // namespace
