@@ -43,6 +43,7 @@
 #include "gpumem/core/allocator_events.hpp"
 #include "gpumem/core/detail/allocator_invariants.hpp"
 #include "gpumem/core/detail/block.hpp"
+#include "gpumem/core/detail/block_list.hpp"
 #include "gpumem/core/detail/event_reporter.hpp"
 #include "gpumem/core/detail/free_block_index.hpp"
 #include "gpumem/core/detail/oom_details.hpp"
@@ -50,7 +51,9 @@
 #include "gpumem/core/detail/policy_rules.hpp"
 #include "gpumem/core/detail/pool_counters.hpp"
 #include "gpumem/core/detail/pools.hpp"
+#include "gpumem/core/detail/segment_release.hpp"
 #include "gpumem/core/detail/spin_mutex.hpp"
+#include "gpumem/core/detail/split_rules.hpp"
 #include "gpumem/core/detail/stitch_policy.hpp"
 #include "gpumem/core/detail/vmm_growth.hpp"
 #include "gpumem/core/detail/vmm_pages.hpp"
@@ -229,6 +232,8 @@ class caching_allocator {
     config_.validate();
     policy_ = config_.effective_policy(is_vmm_device_v<Device>);
     rules_ = detail::policy_rules::of(policy_);
+    splits_ = detail::split_rules(rules_);
+    release_ = detail::segment_release(rules_);
     std::size_t granularity = 0;  // the VMM page size, under a VMM policy only
     if constexpr (is_vmm_device_v<Device>) {
       if (rules_.maps_pages) granularity = device_.granularity();
@@ -256,7 +261,7 @@ class caching_allocator {
     try {
       events_.destroy_all(/*wait=*/false);
       // cudaFree waits for the device; cuMemUnmap does not (see release_vmm_cache).
-      if (rules_.maps_pages && segments_ != nullptr) device_.synchronize();
+      if (release_.unmaps_pages() && segments_ != nullptr) device_.synchronize();
       for (segment_type* s = segments_; s != nullptr; s = s->next) {
         if (s->page_size != 0) {
           release_vmm_segment_unchecked(s);
@@ -353,7 +358,7 @@ class caching_allocator {
   /// usage_error under stitch, whose size-class pools hold only blocks of their class.
   void set_no_split(bool no_split) {
     std::lock_guard<detail::spin_mutex> lock(mutex_);
-    if (no_split && rules_.stitches) {
+    if (no_split && !splits_.allows_no_split()) {
       throw usage_error(
           "gpumem: set_no_split under the stitch policy: a whole block of one size class cannot "
           "serve a request of another (use classic or expandable)");
@@ -898,6 +903,7 @@ class caching_allocator {
   using segment_type = detail::segment<stream_type>;
   using pool_type = detail::pool<stream_type>;
   using pools_type = detail::stream_pools<stream_type>;
+  using block_links = detail::block_list<stream_type>;  // links, cuts, joins blocks
 
   static std::int64_t as_i64(std::size_t v) noexcept { return static_cast<std::int64_t>(v); }
 
@@ -1073,10 +1079,7 @@ class caching_allocator {
       index_insert(p, cut(b, cb.address + cb.size));
       ++pieces;
     }
-    if (!rules_.maps_pages && pieces > 1) {  // classic: every free piece of a split segment
-      counts_.increase(p.is_small, counter::inactive_split, pieces - (was_split ? 1 : 0));
-      if (!was_split) counts_.increase(p.is_small, counter::inactive_split_bytes, as_i64(whole));
-    }
+    count_inactive_split(p.is_small, splits_.on_cut(pieces, was_split, whole));
     alloc_found_block(b, p, cb.size, cb.size);
     return b;
   }
@@ -1251,45 +1254,28 @@ class caching_allocator {
 
   // PyTorch's release_available_cached_blocks: only with max_split_size set. Frees the smallest
   // oversize block that covers the request, else the largest oversize blocks until enough.
+  // The choice is segment_release's (core/detail/segment_release.hpp).
   bool release_available_cached_blocks(pool_type& p, std::size_t rounded) {
-    const std::size_t max_split = config_.max_split_size;
-    if (max_split == std::numeric_limits<std::size_t>::max()) return false;
-    const std::size_t key = rounded < max_split ? max_split : rounded;
-    if (block_type* b = p.index.lower_bound(key)) {
-      if (b->is_split())
-        return false;  // cannot happen with the split rules; never free live memory
-      release_block(b);
-      return true;
-    }
-    std::vector<block_type*> descending;
-    p.index.for_each([&](block_type* b) { descending.push_back(b); });
-    std::reverse(descending.begin(), descending.end());
-    std::size_t released = 0;
-    for (block_type* b : descending) {
-      if (released >= key || b->size < max_split) break;
-      if (b->is_split()) continue;
-      released += b->size;
+    bool enough = false;
+    for (block_type* b : detail::segment_release::oversize_blocks<block_type>(
+             p, rounded, config_.max_split_size, enough)) {
       release_block(b);
     }
-    return released >= key;
+    return enough;
   }
 
   // PyTorch's release_cached_blocks: wait for all events, then free every unsplit cached block.
   void release_cached_blocks() {
     synchronize_and_free_events();
-    if (rules_.maps_pages) {
+    if (release_.unmaps_pages()) {
       release_vmm_cache();
       return;
     }
-    std::vector<block_type*> whole;
-    for (auto& sp : stream_pools_) {
-      sp->for_each([&](pool_type& p) {
-        p.index.for_each([&](block_type* b) {
-          if (!b->is_split()) whole.push_back(b);
-        });
-      });
+    for (block_type* b : detail::segment_release::whole_blocks<block_type>([&](auto&& visit) {
+           for (auto& sp : stream_pools_) sp->for_each(visit);
+         })) {
+      release_block(b);
     }
-    for (block_type* b : whole) release_block(b);
   }
 
   // PyTorch's garbage_collect_cached_blocks: above threshold x cap, free unsplit large blocks
@@ -1299,36 +1285,13 @@ class caching_allocator {
                                                     static_cast<double>(allowed_memory_maximum_));
     const std::size_t reserved = limited_total();
     if (reserved <= threshold) return;
-    const std::size_t target = reserved - threshold;
-    const std::uint64_t now = large_free_lookups_;
-    std::vector<block_type*> freeable;
-    for (auto& sp : stream_pools_) {
-      sp->large.index.for_each([&](block_type* b) {
-        if (!b->is_split()) freeable.push_back(b);
-      });
-    }
-    if (freeable.empty()) return;
-    std::uint64_t total_age = 0;
-    for (block_type* b : freeable) total_age += now - b->gc_count_base;
-    std::size_t reclaimed = 0;
-    bool freed_any = true;
-    while (reclaimed < target && freed_any && !freeable.empty()) {
-      const double age_threshold =
-          static_cast<double>(total_age) / static_cast<double>(freeable.size());
-      freed_any = false;
-      std::vector<block_type*> keep;
-      for (block_type* b : freeable) {
-        const std::uint64_t age = now - b->gc_count_base;
-        if (static_cast<double>(age) >= age_threshold) {
-          freed_any = true;
-          reclaimed += b->size;
-          total_age -= age;
-          release_block(b);
-        } else {
-          keep.push_back(b);
-        }
-      }
-      freeable.swap(keep);
+    std::vector<block_type*> freeable =
+        detail::segment_release::whole_blocks<block_type>([&](auto&& visit) {
+          for (auto& sp : stream_pools_) visit(sp->large);
+        });
+    for (block_type* b : detail::segment_release::garbage(std::move(freeable), large_free_lookups_,
+                                                          reserved - threshold)) {
+      release_block(b);
     }
   }
 
@@ -1355,36 +1318,13 @@ class caching_allocator {
   GPUMEM_ALWAYS_INLINE void* alloc_found_block(block_type* b, pool_type& p, std::size_t rounded,
                                                std::size_t requested) {
     const bool already_split = b->is_split();
-    // VMM segments split any remainder of at least 512 B (PyTorch's rule for expandable segments)
-    // and are left out of inactive_split, as in PyTorch.
-    const bool vmm = rules_.maps_pages;  // every segment of a VMM policy is a VMM segment
-    if (!no_split_ &&
-        (vmm ? b->size - rounded >= detail::k_min_block_size
-             : detail::should_split(b->size, rounded, p.is_small, config_.max_split_size))) {
+    if (!no_split_ && splits_.splits(b->size, rounded, p.is_small, config_.max_split_size)) {
       block_type* remaining = b;
-      b = block_pool_.create(remaining->ptr, rounded, &p, remaining->seg);
-      b->prev = remaining->prev;
-      if (b->prev != nullptr) {
-        b->prev->next = b;
-      } else {
-        b->seg->head = b;
-      }
-      b->next = remaining;
-      remaining->prev = b;
-      remaining->ptr += rounded;
-      remaining->size -= rounded;
+      b = cut_low(remaining, remaining->ptr + rounded);
       index_insert(p, remaining);
-      if (!vmm) {
-        if (already_split) {
-          counts_.decrease(p.is_small, counter::inactive_split_bytes, as_i64(rounded));
-        } else {
-          counts_.increase(p.is_small, counter::inactive_split_bytes, as_i64(remaining->size));
-          counts_.increase(p.is_small, counter::inactive_split, 1);
-        }
-      }
-    } else if (already_split && !vmm) {
-      counts_.decrease(p.is_small, counter::inactive_split_bytes, as_i64(b->size));
-      counts_.decrease(p.is_small, counter::inactive_split, 1);
+      count_inactive_split(p.is_small, splits_.on_split(already_split, rounded, remaining->size));
+    } else {
+      count_inactive_split(p.is_small, splits_.on_take_whole(already_split, b->size));
     }
     b->allocated = true;
     b->requested_size = requested;
@@ -1398,6 +1338,13 @@ class caching_allocator {
     if (b->seg->shared_pages != 0) hold_pages(b);
     note_peak();
     return reinterpret_cast<void*>(b->ptr);
+  }
+
+  // Applies what the split rules (core/detail/split_rules.hpp) say a split, merge or cut changes.
+  GPUMEM_ALWAYS_INLINE void count_inactive_split(bool small,
+                                                 detail::inactive_split_change c) noexcept {
+    counts_.change(small, counter::inactive_split, c.blocks);
+    counts_.change(small, counter::inactive_split_bytes, c.bytes);
   }
 
   // Tracks the most bytes allocated while reserved memory stood at its peak.
@@ -1424,33 +1371,16 @@ class caching_allocator {
     }
     const std::size_t original_size = b->size;
     const std::size_t requested = b->requested_size;
-    std::int64_t net_inactive_blocks = 0;
-    std::int64_t net_inactive_bytes = 0;
+    std::int64_t merged = 0;
+    std::size_t merged_bytes = 0;
     for (block_type* candidate : {b->prev, b->next}) {
       const std::size_t subsumed = try_merge_blocks(b, candidate, p);
-      if (subsumed > 0) {
-        net_inactive_blocks -= 1;
-        net_inactive_bytes -= as_i64(subsumed);
-      }
+      merged += subsumed > 0 ? 1 : 0;
+      merged_bytes += subsumed;
     }
     index_insert(p, b);
-    if (rules_.maps_pages) {
-      net_inactive_blocks = net_inactive_bytes = 0;  // VMM blocks are not inactive_split
-    } else if (b->is_split()) {
-      net_inactive_blocks += 1;
-      net_inactive_bytes += as_i64(b->size);
-    }
     const bool small = p.is_small;
-    if (net_inactive_blocks > 0)
-      counts_.increase(small, counter::inactive_split, net_inactive_blocks);
-    if (net_inactive_blocks < 0)
-      counts_.decrease(small, counter::inactive_split, -net_inactive_blocks);
-    if (net_inactive_bytes > 0) {
-      counts_.increase(small, counter::inactive_split_bytes, net_inactive_bytes);
-    }
-    if (net_inactive_bytes < 0) {
-      counts_.decrease(small, counter::inactive_split_bytes, -net_inactive_bytes);
-    }
+    count_inactive_split(small, splits_.on_free(merged, merged_bytes, b->is_split(), b->size));
     counts_.decrease(small, counter::active, 1);
     counts_.decrease(small, counter::active_bytes, as_i64(original_size));
     counts_.decrease(small, counter::requested_bytes, as_i64(requested));
@@ -1462,20 +1392,7 @@ class caching_allocator {
         src->mapped != dst->mapped || src->shadowed != dst->shadowed) {
       return 0;
     }
-    if (dst->prev == src) {
-      dst->ptr = src->ptr;
-      dst->prev = src->prev;
-      if (dst->prev != nullptr) {
-        dst->prev->next = dst;
-      } else {
-        dst->seg->head = dst;
-      }
-    } else {
-      dst->next = src->next;
-      if (dst->next != nullptr) dst->next->prev = dst;
-    }
-    const std::size_t subsumed = src->size;
-    dst->size += subsumed;
+    const std::size_t subsumed = block_links::join(dst, src);
     dst->freed_at = std::max(dst->freed_at, src->freed_at);
     if (src->shadowed) {
       p.shadowed.erase(src);
@@ -1800,27 +1717,11 @@ class caching_allocator {
     }
   }
 
-  // Inserts a new block between `before` (may be null) and `after` (may be null) of segment s.
-  void splice(block_type* b, block_type* before, block_type* after) noexcept {
-    b->prev = before;
-    b->next = after;
-    if (before != nullptr) {
-      before->next = b;
-    } else {
-      b->seg->head = b;
-    }
-    if (after != nullptr) after->prev = b;
-  }
-
-  // Cuts block b at `at` (inside it, b->ptr < at < b->ptr + b->size): b keeps the low part, the
-  // returned block (same state, not listed anywhere) the high part.
-  block_type* cut(block_type* b, std::uintptr_t at) {
-    block_type* high = block_pool_.create(at, b->ptr + b->size - at, b->owner, b->seg);
-    high->mapped = b->mapped;
-    high->shadowed = b->shadowed;
-    splice(high, b, b->next);
-    b->size = at - b->ptr;
-    return high;
+  // Cuts block b at `at` (inside it): b keeps the low part, the returned block (b's state, in no
+  // set) the high part; cut_low returns the low part instead (core/detail/block_list.hpp).
+  block_type* cut(block_type* b, std::uintptr_t at) { return block_links::cut(block_pool_, b, at); }
+  block_type* cut_low(block_type* b, std::uintptr_t at) {
+    return block_links::cut_low(block_pool_, b, at);
   }
 
   // --- stitch's shared pages
@@ -2097,18 +1998,6 @@ class caching_allocator {
     }
   }
 
-  // Cuts block b at `at`: the low part becomes a new block (returned, same state, not listed), b
-  // keeps the high part.
-  block_type* cut_low(block_type* b, std::uintptr_t at) {
-    block_type* low = block_pool_.create(b->ptr, at - b->ptr, b->owner, b->seg);
-    low->mapped = b->mapped;
-    low->shadowed = b->shadowed;
-    splice(low, b->prev, b);
-    b->size -= at - b->ptr;
-    b->ptr = at;
-    return low;
-  }
-
   // PyTorch's map_block: maps the first `size` bytes (rounded up to pages) of unmapped block
   // `to_map`, merges the result with free mapped neighbours and indexes it.
   bool map_block(block_type* to_map, std::size_t size, bool& fraction_refused) {
@@ -2366,13 +2255,16 @@ class caching_allocator {
   void check_invariants_locked() const {
     detail::allocator_invariants<Device>::check(detail::allocator_state<Device>{
         segments_, stream_pools_, allocated_, counts_, stats_, vmm_, deferred_, free_markers_,
-        reserved_total_, config_.max_split_size, rules_.stitches, !max_split_changed_, &growth_});
+        reserved_total_, config_.max_split_size, rules_.stitches, !max_split_changed_, &growth_,
+        &release_});
   }
 
   Device& device_;
   allocator_config config_;
   allocator_policy policy_ = allocator_policy::classic;
-  detail::policy_rules rules_;  // what policy_ does differently (core/detail/policy_rules.hpp)
+  detail::policy_rules rules_;       // what policy_ does differently (core/detail/policy_rules.hpp)
+  detail::split_rules splits_;       // when to split, what inactive_split counts (split_rules.hpp)
+  detail::segment_release release_;  // what giving memory back frees (segment_release.hpp)
   mutable detail::spin_mutex mutex_;
 
   std::vector<std::unique_ptr<pools_type>> stream_pools_;

@@ -23,9 +23,12 @@
 #include <fmt/format.h>
 
 #include "gpumem/core/detail/block.hpp"
+#include "gpumem/core/detail/block_list.hpp"
 #include "gpumem/core/detail/pointer_map.hpp"
 #include "gpumem/core/detail/pool_counters.hpp"
 #include "gpumem/core/detail/pools.hpp"
+#include "gpumem/core/detail/segment_release.hpp"
+#include "gpumem/core/detail/split_rules.hpp"
 #include "gpumem/core/detail/vmm_growth.hpp"
 #include "gpumem/core/detail/vmm_pages.hpp"
 #include "gpumem/core/size_policy.hpp"
@@ -57,6 +60,8 @@ struct allocator_state {
   bool oversize_counts_exact = true;
   // The VMM policy's rules for ranges and pools (vmm_growth::check, check_pool); none: unchecked.
   const vmm_growth* growth = nullptr;
+  // Which kind of segment the policy gives back (segment_release::check); none: unchecked.
+  const segment_release* release = nullptr;
 };
 
 template <class Device>
@@ -92,22 +97,15 @@ class allocator_invariants {
         check_vmm_segment(s);
         if (a.growth != nullptr) a.growth->check(*s);
       }
-      if (s->head == nullptr || s->head->prev != nullptr)
-        fail("segment head is not its first block");
-      std::uintptr_t expect = s->ptr;
+      block_list<stream_type>::check(*s);  // the blocks tile the segment
+      split_rules::check(*s);
+      if (a.release != nullptr) a.release->check(*s);
       const bool split = s->head->next != nullptr;
       const std::size_t pt = s->owner->is_small ? 1 : 2;
       count(counter::segment, pt, 1);
       count(counter::reserved_bytes, pt, as_i64(seg_reserved));
       if (!vmm && s->size >= a.max_split_size) ++oversize_segs;
       for (const block_type* b = s->head; b != nullptr; b = b->next) {
-        if (b->ptr != expect) {
-          fail(fmt::format("gap or overlap at {:#x} in segment {:#x}", b->ptr, s->ptr));
-        }
-        if (b->size == 0) fail("empty block");
-        if (b->seg != s || b->owner != s->owner) fail("block points at the wrong segment or pool");
-        if (b->next != nullptr && b->next->prev != b) fail("broken prev/next links");
-        expect += b->size;
         const bool pending = !b->allocated && (b->event_count > 0 || !b->stream_uses.empty());
         const bool is_free = !b->allocated && !pending && b->mapped && !b->shadowed;
         if (b->allocated) {
@@ -146,7 +144,6 @@ class allocator_invariants {
           count(counter::inactive_split_bytes, pt, as_i64(b->size));
         }
       }
-      if (expect != s->ptr + s->size) fail(fmt::format("blocks do not tile segment {:#x}", s->ptr));
     }
     std::sort(ranges.begin(), ranges.end());
     for (std::size_t i = 1; i < ranges.size(); ++i) {

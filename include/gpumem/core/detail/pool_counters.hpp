@@ -53,6 +53,11 @@ class pool_counters {
   GPUMEM_ALWAYS_INLINE void decrease(bool small_pool, counter c, std::int64_t amount) noexcept {
     pools_[small_pool ? 0 : 1][static_cast<std::size_t>(c)].decrease(amount);
   }
+  /// increase by `delta` when positive, decrease by -delta when negative, nothing when 0.
+  GPUMEM_ALWAYS_INLINE void change(bool small_pool, counter c, std::int64_t delta) noexcept {
+    if (delta > 0) increase(small_pool, c, delta);
+    if (delta < 0) decrease(small_pool, c, -delta);
+  }
 
   /// The "all" entry's current value.
   std::int64_t current(counter c) const noexcept {
