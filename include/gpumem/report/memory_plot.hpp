@@ -354,45 +354,39 @@ inline std::string_view curve_colour(std::size_t i) {
   return curve_colours[i % std::size(curve_colours)];
 }
 
-inline const char* state_name(segment_map_block::state_kind s) {
+// How a block state is drawn: its name (legend, tooltips), its CSS class and its fill colour
+// (nullptr: the unmapped hatching pattern).
+struct state_style {
+  const char* name;
+  const char* css_class;
+  const char* colour;
+};
+
+inline state_style style_of(segment_map_block::state_kind s) {
   switch (s) {
     case segment_map_block::state_kind::allocated:
-      return "allocated";
+      return {"allocated", "allocated", "#0072B2"};
     case segment_map_block::state_kind::pending_free:
-      return "pending free";
+      return {"pending free", "pending-free", "#E69F00"};
     case segment_map_block::state_kind::cached:
-      return "cached";
+      return {"cached", "cached", "#A8DCC9"};
     case segment_map_block::state_kind::unmapped:
-      return "unmapped";
+      return {"unmapped", "unmapped", nullptr};
   }
-  return "unknown";
+  return {"unknown", "unknown", nullptr};
+}
+
+inline const char* state_name(segment_map_block::state_kind s) {
+  return style_of(s).name;
 }
 
 inline const char* state_class(segment_map_block::state_kind s) {
-  switch (s) {
-    case segment_map_block::state_kind::allocated:
-      return "allocated";
-    case segment_map_block::state_kind::pending_free:
-      return "pending-free";
-    case segment_map_block::state_kind::cached:
-      return "cached";
-    case segment_map_block::state_kind::unmapped:
-      return "unmapped";
-  }
-  return "unknown";
+  return style_of(s).css_class;
 }
 
 inline std::string state_fill(segment_map_block::state_kind s) {
-  switch (s) {
-    case segment_map_block::state_kind::allocated:
-      return "#0072B2";
-    case segment_map_block::state_kind::pending_free:
-      return "#E69F00";
-    case segment_map_block::state_kind::cached:
-      return "#A8DCC9";
-    case segment_map_block::state_kind::unmapped:
-      break;
-  }
+  const char* colour = style_of(s).colour;
+  if (colour != nullptr) return colour;
   return fmt::format("url(#{})", unmapped_pattern_id);
 }
 
