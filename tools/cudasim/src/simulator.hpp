@@ -768,28 +768,12 @@ class simulator {
 
   /// cudaStreamQuery: ok when the stream's work has ended, else not_ready.
   status query_stream(int current, cudaStream_t stream, const char* call) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stream_state* s = find_stream_locked(stream, current);
-    if (s == nullptr) return invalid_handle;
-    check_sync_allowed_locked(*s, call);
-    check_fault_locked(s->device, call);
-    count(extra::stream_query);
-    if (s->ready > now_locked()) return not_ready;
-    observe_locked(s->order);
-    return ok;
+    return end_stream_work(current, stream, call, false);
   }
 
   /// cudaStreamSynchronize: waits for the stream's work (the host clock moves to its end).
   status synchronize_stream(int current, cudaStream_t stream, const char* call) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stream_state* s = find_stream_locked(stream, current);
-    if (s == nullptr) return invalid_handle;
-    check_sync_allowed_locked(*s, call);
-    check_fault_locked(s->device, call);
-    count(extra::stream_synchronize);
-    wait_until_locked(s->ready);
-    observe_locked(s->order);
-    return ok;
+    return end_stream_work(current, stream, call, true);
   }
 
   /// cudaStreamWaitEvent: later work on `stream` waits for the event's work (any device's). An
@@ -986,31 +970,11 @@ class simulator {
   }
 
   /// cudaEventQuery: ok when complete (or never recorded), else not_ready.
-  status query_event(cudaEvent_t event) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    event_state* e = find_event_locked(event);
-    if (e == nullptr) return invalid_handle;
-    check_not_captured_locked(*e, "cudaEventQuery", event);
-    check_fault_locked(e->device, "cudaEventQuery");
-    (void)dev(e->device).mem->query_event(e->sim);
-    if (!e->recorded) return ok;
-    if (e->time > now_locked()) return not_ready;
-    observe_locked(e->order);
-    return ok;
-  }
+  status query_event(cudaEvent_t event) { return end_event_work(event, "cudaEventQuery", false); }
 
   /// cudaEventSynchronize: waits for the event's work (the host clock moves to its end).
   status synchronize_event(cudaEvent_t event) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    event_state* e = find_event_locked(event);
-    if (e == nullptr) return invalid_handle;
-    check_not_captured_locked(*e, "cudaEventSynchronize", event);
-    check_fault_locked(e->device, "cudaEventSynchronize");
-    dev(e->device).mem->synchronize_event(e->sim);
-    if (!e->recorded) return ok;
-    wait_until_locked(e->time);
-    observe_locked(e->order);
-    return ok;
+    return end_event_work(event, "cudaEventSynchronize", true);
   }
 
   /// cudaEventElapsedTime: milliseconds between the two events' completions. invalid_handle when
@@ -2171,6 +2135,47 @@ class simulator {
     }
   }
 
+  // query_stream (wait false: not_ready while the stream's work runs) and synchronize_stream
+  // (wait true: the host clock moves to the end of that work).
+  status end_stream_work(int current, cudaStream_t stream, const char* call, bool wait) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stream_state* s = find_stream_locked(stream, current);
+    if (s == nullptr) return invalid_handle;
+    check_sync_allowed_locked(*s, call);
+    check_fault_locked(s->device, call);
+    count(wait ? extra::stream_synchronize : extra::stream_query);
+    if (wait) {
+      wait_until_locked(s->ready);
+    } else if (s->ready > now_locked()) {
+      return not_ready;
+    }
+    observe_locked(s->order);
+    return ok;
+  }
+
+  // query_event (wait false: not_ready while the event's work runs) and synchronize_event (wait
+  // true: the host clock moves to the end of that work).
+  status end_event_work(cudaEvent_t event, const char* call, bool wait) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    event_state* e = find_event_locked(event);
+    if (e == nullptr) return invalid_handle;
+    check_not_captured_locked(*e, call, event);
+    check_fault_locked(e->device, call);
+    if (wait) {
+      dev(e->device).mem->synchronize_event(e->sim);
+    } else {
+      (void)dev(e->device).mem->query_event(e->sim);
+    }
+    if (!e->recorded) return ok;
+    if (wait) {
+      wait_until_locked(e->time);
+    } else if (e->time > now_locked()) {
+      return not_ready;
+    }
+    observe_locked(e->order);
+    return ok;
+  }
+
   status isolation_locked(stream_state& s, const char* what) {
     invalidate_locked(captures_.at(s.capture), "cudaStreamWaitEvent across captures");
     throw cuda_error(capture_isolation,
@@ -2338,6 +2343,29 @@ int call(simulator& sim, api which, const char* name, const Args& args, const Bo
     }
   }
   return result;
+}
+
+/// What an exported function the simulator does not implement does before it returns `result`
+/// (cudaErrorNotSupported or CUDA_ERROR_NOT_SUPPORTED, by name): reports `name` on stderr the
+/// first time (`reported`), then counts the call and logs it on `sim` (nullptr: none). Never
+/// throws.
+inline void report_unimplemented(simulator* sim, const char* name, const char* result,
+                                 std::atomic<bool>& reported) noexcept {
+  if (!reported.exchange(true)) {
+    std::fprintf(stderr,
+                 "gpumem cudasim: %s is not implemented by the CUDA simulator; it returns "
+                 "%s (reported once)\n",
+                 name, result);
+  }
+  if (sim != nullptr) {
+    sim->count(extra::unimplemented);
+    if (sim->logging()) {
+      try {
+        sim->log(fmt::format("{}(...) = {}: not implemented", name, result));
+      } catch (...) {
+      }
+    }
+  }
 }
 
 }  // namespace gpumem::cudasim
