@@ -354,6 +354,15 @@ inline std::string_view curve_colour(std::size_t i) {
   return curve_colours[i % std::size(curve_colours)];
 }
 
+// A segment map's colour: that of the first curve with the same label, so the two read as one
+// configuration; grey when no curve has it.
+inline std::string_view map_colour(const std::vector<memory_curve>& curves, const segment_map& m) {
+  for (std::size_t i = 0; i < curves.size(); ++i) {
+    if (curves[i].label == m.label) return curve_colour(i);
+  }
+  return "#555555";
+}
+
 // How a block state is drawn: its name (legend, tooltips), its CSS class and its fill colour
 // (nullptr: the unmapped hatching pattern).
 struct state_style {
@@ -573,13 +582,7 @@ inline double draw_time_panel(std::string& out, const std::vector<memory_curve>&
             f.left + f.width - 6, f.label_y(py), format_size(*options.recorded_reserved_peak));
   }
   for (const auto& m : maps) {
-    std::string_view colour = "#555555";
-    for (std::size_t i = 0; i < curves.size(); ++i) {
-      if (curves[i].label == m.label) {
-        colour = curve_colour(i);
-        break;
-      }
-    }
+    const std::string_view colour = map_colour(curves, m);
     const double px = f.px(m.at_event_index);
     svg_put(out,
             "<line class=\"snapshot\" x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" "
@@ -756,13 +759,7 @@ inline double draw_segment_maps(std::string& out, const std::vector<memory_curve
   }
 
   for (const auto& m : maps) {
-    std::string_view colour = "#555555";
-    for (std::size_t i = 0; i < curves.size(); ++i) {
-      if (curves[i].label == m.label) {
-        colour = curve_colour(i);
-        break;
-      }
-    }
+    const std::string_view colour = map_colour(curves, m);
     state_totals totals;
     std::size_t small = 0;
     for (const auto& seg : m.segments) {
