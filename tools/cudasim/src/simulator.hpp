@@ -487,25 +487,14 @@ class simulator {
   /// created with that type requested. Fabric handles: export_fabric_handle.
   status export_handle(std::uint64_t handle, unsigned type, int& fd) {
     std::lock_guard<std::mutex> lock(mutex_);
-    const auto it = handles_.find(handle);
-    if (it == handles_.end()) {
-      throw cuda_error(invalid_handle, fmt::format("cuMemExportToShareableHandle(handle={:#x}): "
-                                                   "unknown or released handle",
-                                                   handle));
-    }
+    const handle_state& exported = exported_handle_locked(handle, "");
     if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
       throw cuda_error(not_supported,
                        fmt::format("cuMemExportToShareableHandle: handle type {} is not "
                                    "simulated (POSIX file descriptors only)",
                                    type));
     }
-    if ((it->second.types & type) == 0) {
-      throw cuda_error(invalid_value,
-                       fmt::format("cuMemExportToShareableHandle(handle={:#x}): the memory was "
-                                   "created without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR in "
-                                   "requestedHandleTypes",
-                                   handle));
-    }
+    check_export_type_locked(exported, handle, type, "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR");
     const int made = ::memfd_create("cudasim-vmm-handle", MFD_CLOEXEC);
     if (made < 0)
       throw cuda_error(out_of_memory, "cuMemExportToShareableHandle: memfd_create failed");
@@ -530,19 +519,9 @@ class simulator {
   /// as the driver does.
   status export_fabric_handle(std::uint64_t handle, unsigned char* out) {
     std::lock_guard<std::mutex> lock(mutex_);
-    const auto it = handles_.find(handle);
-    if (it == handles_.end()) {
-      throw cuda_error(invalid_handle, fmt::format("cuMemExportToShareableHandle(handle={:#x}, "
-                                                   "FABRIC): unknown or released handle",
-                                                   handle));
-    }
-    if ((it->second.types & CU_MEM_HANDLE_TYPE_FABRIC) == 0) {
-      throw cuda_error(invalid_value,
-                       fmt::format("cuMemExportToShareableHandle(handle={:#x}): the memory was "
-                                   "created without CU_MEM_HANDLE_TYPE_FABRIC in "
-                                   "requestedHandleTypes",
-                                   handle));
-    }
+    const handle_state& exported = exported_handle_locked(handle, ", FABRIC");
+    check_export_type_locked(exported, handle, CU_MEM_HANDLE_TYPE_FABRIC,
+                             "CU_MEM_HANDLE_TYPE_FABRIC");
     for (const auto& [bytes, h] : fabric_exported_) {
       if (h == handle) {
         std::memcpy(out, bytes.data(), bytes.size());
@@ -652,12 +631,7 @@ class simulator {
   /// cuMemUnmap. Reports the work the host has not seen complete that touches the range.
   status unmap(std::uintptr_t va, std::size_t size) {
     std::lock_guard<std::mutex> lock(mutex_);
-    const int o = owner(reinterpret_cast<const void*>(va));
-    if (o < 0) {
-      throw cuda_error(invalid_value,
-                       fmt::format("cuMemUnmap({:#x}, {}): not a mapped range", va, size));
-    }
-    device_state& x = dev(o);
+    device_state& x = mapped_device_locked("cuMemUnmap", va, size);
     x.mem->unmap(va, size);
     auto it = x.mappings.lower_bound(va);
     while (it != x.mappings.end() && it->first < va + size) it = x.mappings.erase(it);
@@ -680,12 +654,7 @@ class simulator {
       }
     }
     std::lock_guard<std::mutex> lock(mutex_);
-    const int o = owner(reinterpret_cast<const void*>(va));
-    if (o < 0) {
-      throw cuda_error(invalid_value,
-                       fmt::format("cuMemSetAccess({:#x}, {}): not a mapped range", va, size));
-    }
-    device_state& x = dev(o);
+    device_state& x = mapped_device_locked("cuMemSetAccess", va, size);
     x.mem->set_access(va, size);  // checks the range is whole mappings
     for (auto it = x.mappings.lower_bound(va); it != x.mappings.end() && it->first < va + size;
          ++it) {
@@ -2135,6 +2104,17 @@ class simulator {
     }
   }
 
+  // The device whose address range holds [va, va + size), for `call` (cuMemUnmap,
+  // cuMemSetAccess); cuda_error(invalid_value) when no device's does.
+  device_state& mapped_device_locked(const char* call, std::uintptr_t va, std::size_t size) {
+    const int o = owner(reinterpret_cast<const void*>(va));
+    if (o < 0) {
+      throw cuda_error(invalid_value,
+                       fmt::format("{}({:#x}, {}): not a mapped range", call, va, size));
+    }
+    return dev(o);
+  }
+
   // query_stream (wait false: not_ready while the stream's work runs) and synchronize_stream
   // (wait true: the host clock moves to the end of that work).
   status end_stream_work(int current, cudaStream_t stream, const char* call, bool wait) {
@@ -2276,6 +2256,30 @@ class simulator {
     std::uint32_t imports = 0;
   };
   std::unordered_map<std::uint64_t, handle_state> handles_;
+
+  // The live handle cuMemExportToShareableHandle names; cuda_error(invalid_handle) for an unknown
+  // or released one (`what` follows the handle in the message: "" or ", FABRIC").
+  const handle_state& exported_handle_locked(std::uint64_t handle, const char* what) const {
+    const auto it = handles_.find(handle);
+    if (it == handles_.end()) {
+      throw cuda_error(invalid_handle, fmt::format("cuMemExportToShareableHandle(handle={:#x}{}): "
+                                                   "unknown or released handle",
+                                                   handle, what));
+    }
+    return it->second;
+  }
+
+  // cuda_error(invalid_value) when `h` was created without `type` (named `type_name`) requested.
+  static void check_export_type_locked(const handle_state& h, std::uint64_t handle, unsigned type,
+                                       const char* type_name) {
+    if ((h.types & type) == 0) {
+      throw cuda_error(invalid_value,
+                       fmt::format("cuMemExportToShareableHandle(handle={:#x}): the memory was "
+                                   "created without {} in requestedHandleTypes",
+                                   handle, type_name));
+    }
+  }
+
   std::map<std::pair<std::uint64_t, std::uint64_t>, std::uint64_t> exported_;  // (dev, inode)
   std::map<std::array<unsigned char, fabric_handle_size>, std::uint64_t> fabric_exported_;
   std::uint64_t fabric_secret_ = 0x5bd1e9955bd1e995ULL;
