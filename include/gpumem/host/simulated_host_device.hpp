@@ -158,13 +158,7 @@ class simulated_host_device : public detail::simulated_fault_state {
   void host_free(void* ptr, std::size_t bytes) {
     sleep_latency();
     std::lock_guard<std::mutex> lock(mutex_);
-    const auto call = [&] { return fmt::format("cudaFreeHost({}) of {} bytes", ptr, bytes); };
-    auto it = find_range_locked(ptr, false, error_invalid_value, call);
-    if (it->second.bytes != bytes) {
-      fail(error_invalid_value,
-           fmt::format("{}: it was allocated with {} bytes", call(), it->second.bytes));
-    }
-    pinned_ -= it->second.pinned;
+    const auto it = unpin_range_locked(ptr, bytes, false, error_invalid_value, "cudaFreeHost");
     detail::page_aligned_free(ptr);
     ranges_.erase(it);
     ++counters_.host_free;
@@ -212,13 +206,8 @@ class simulated_host_device : public detail::simulated_fault_state {
   void host_unregister(void* ptr, std::size_t bytes) {
     sleep_latency();
     std::lock_guard<std::mutex> lock(mutex_);
-    const auto call = [&] { return fmt::format("cudaHostUnregister({}) of {} bytes", ptr, bytes); };
-    auto it = find_range_locked(ptr, true, error_host_memory_not_registered, call);
-    if (it->second.bytes != bytes) {
-      fail(error_invalid_value,
-           fmt::format("{}: it was registered with {} bytes", call(), it->second.bytes));
-    }
-    pinned_ -= it->second.pinned;
+    const auto it = unpin_range_locked(ptr, bytes, true, error_host_memory_not_registered,
+                                       "cudaHostUnregister");
     ranges_.erase(it);
     ++counters_.host_unregister;
   }
@@ -349,6 +338,22 @@ class simulated_host_device : public detail::simulated_fault_state {
     fail(code, fmt::format("{}: not a live {} of this device (never made here, or already "
                            "released)",
                            call(), wanted));
+  }
+
+  // The range host_free (registered false) or host_unregister (true) releases, its pages
+  // unpinned; the caller erases it. Throws as find_range_locked does, `code` for a missing range,
+  // and error_invalid_value for a size other than `bytes`, device unchanged.
+  range_map::iterator unpin_range_locked(void* ptr, std::size_t bytes, bool registered, int code,
+                                         const char* api) {
+    const auto call = [&] { return fmt::format("{}({}) of {} bytes", api, ptr, bytes); };
+    auto it = find_range_locked(ptr, registered, code, call);
+    if (it->second.bytes != bytes) {
+      fail(error_invalid_value,
+           fmt::format("{}: it was {} with {} bytes", call(),
+                       registered ? "registered" : "allocated", it->second.bytes));
+    }
+    pinned_ -= it->second.pinned;
+    return it;
   }
 
   const range_map::value_type* overlapping_locked(std::uintptr_t address, std::size_t bytes) const {
