@@ -2115,6 +2115,19 @@ class simulator {
     return dev(o);
   }
 
+  // Work that ends at `ready`, `order` in the order of work: wait true waits for it (the host
+  // clock moves to `ready`); wait false answers not_ready until then. Once it has ended, the host
+  // has seen it.
+  status end_of_work_locked(double ready, const vclock& order, bool wait) {
+    if (wait) {
+      wait_until_locked(ready);
+    } else if (ready > now_locked()) {
+      return not_ready;
+    }
+    observe_locked(order);
+    return ok;
+  }
+
   // query_stream (wait false: not_ready while the stream's work runs) and synchronize_stream
   // (wait true: the host clock moves to the end of that work).
   status end_stream_work(int current, cudaStream_t stream, const char* call, bool wait) {
@@ -2124,13 +2137,7 @@ class simulator {
     check_sync_allowed_locked(*s, call);
     check_fault_locked(s->device, call);
     count(wait ? extra::stream_synchronize : extra::stream_query);
-    if (wait) {
-      wait_until_locked(s->ready);
-    } else if (s->ready > now_locked()) {
-      return not_ready;
-    }
-    observe_locked(s->order);
-    return ok;
+    return end_of_work_locked(s->ready, s->order, wait);
   }
 
   // query_event (wait false: not_ready while the event's work runs) and synchronize_event (wait
@@ -2147,13 +2154,7 @@ class simulator {
       (void)dev(e->device).mem->query_event(e->sim);
     }
     if (!e->recorded) return ok;
-    if (wait) {
-      wait_until_locked(e->time);
-    } else if (e->time > now_locked()) {
-      return not_ready;
-    }
-    observe_locked(e->order);
-    return ok;
+    return end_of_work_locked(e->time, e->order, wait);
   }
 
   status isolation_locked(stream_state& s, const char* what) {
