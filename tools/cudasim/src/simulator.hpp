@@ -791,12 +791,7 @@ class simulator {
       if ((flags & cudaEventWaitExternal) == 0) {
         return isolation_locked(*s, "an event recorded outside the capture");
       }
-      graph_node n;
-      n.kind = node_kind::event_wait;
-      n.device = s->device;
-      n.what = "external event wait";
-      n.event = reinterpret_cast<std::uintptr_t>(event);
-      add_node_locked(*s, std::move(n));
+      add_event_node_locked(*s, node_kind::event_wait, "external event wait", event);
       count(extra::stream_wait_event);
       return ok;
     }
@@ -910,12 +905,7 @@ class simulator {
       capture_state& c = captures_.at(s->capture);
       if (c.invalidated) return capture_invalidated;
       if ((flags & cudaEventRecordExternal) != 0) {
-        graph_node n;
-        n.kind = node_kind::event_record;
-        n.device = s->device;
-        n.what = "external event record";
-        n.event = reinterpret_cast<std::uintptr_t>(event);
-        add_node_locked(*s, std::move(n));
+        add_event_node_locked(*s, node_kind::event_record, "external event record", event);
       }
       e->capture = c.id;
       e->capture_nodes = s->capture_deps;
@@ -2113,6 +2103,16 @@ class simulator {
                        fmt::format("{}({:#x}, {}): not a mapped range", call, va, size));
     }
     return dev(o);
+  }
+
+  // Adds to the capture of `s` a node of `kind` (an external event record or wait) on `event`.
+  void add_event_node_locked(stream_state& s, node_kind kind, const char* what, cudaEvent_t event) {
+    graph_node n;
+    n.kind = kind;
+    n.device = s.device;
+    n.what = what;
+    n.event = reinterpret_cast<std::uintptr_t>(event);
+    add_node_locked(s, std::move(n));
   }
 
   // Work that ends at `ready`, `order` in the order of work: wait true waits for it (the host
