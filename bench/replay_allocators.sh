@@ -8,23 +8,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 replay=${1:-build/tools/replay/gpumem-replay}
-shared=${GPUMEM_SHARED_TRACES:-examples/traces/real}
-traces=()
-for f in "$shared"/*.pickle examples/traces/*.trace; do [[ -f $f ]] && traces+=("$f"); done
+# shellcheck source=bench/replay_common.sh
+source bench/replay_common.sh
 for f in "${traces[@]}"; do
   "$replay" "$f" --compare policy:classic policy:expandable policy:stitch --find-min-memory --json --progress never
   "$replay" "$f" --allocator pytorch --compare "" expandable_segments:True --find-min-memory --json --progress never
   "$replay" "$f" --allocator cub --compare "" --find-min-memory --json --progress never
-done | python3 -c '
+done | json_lines | python3 -c '
 import json, sys
 gib = float(1 << 30)
-text = sys.stdin.read()
-decoder, pos, runs = json.JSONDecoder(), 0, []
-while pos < len(text):
-    while pos < len(text) and text[pos].isspace(): pos += 1
-    if pos >= len(text): break
-    obj, pos = decoder.raw_decode(text, pos)
-    runs.extend(obj)
+runs = []
+for line in sys.stdin:
+    runs.extend(json.loads(line))
 print("| trace | allocator | config | peak reserved GiB (÷ requested) | device alloc / free calls | simulated device time | min device GiB |")
 print("| --- | --- | --- | --- | --- | --- | --- |")
 last = None

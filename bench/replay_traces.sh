@@ -7,24 +7,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 replay=${1:-build/tools/replay/gpumem-replay}
-shared=${GPUMEM_SHARED_TRACES:-examples/traces/real}
-traces=()
-for f in "$shared"/*.pickle examples/traces/*.trace; do [[ -f $f ]] && traces+=("$f"); done
+# shellcheck source=bench/replay_common.sh
+source bench/replay_common.sh
 for f in "${traces[@]}"; do
   "$replay" "$f" --compare policy:classic policy:expandable policy:stitch --find-min-memory \
     --json --progress never
-done | python3 -c '
+done | json_lines | python3 -c '
 import json, sys
 gib = float(1 << 30)
 def g(b): return "%.3f" % (b / gib) if b is not None else "-"
 def r(a, b): return "%.3f" % (a / b) if a is not None and b else "-"
-text = sys.stdin.read()
-decoder, pos, runs = json.JSONDecoder(), 0, []
-while pos < len(text):
-    while pos < len(text) and text[pos].isspace(): pos += 1
-    if pos >= len(text): break
-    obj, pos = decoder.raw_decode(text, pos)
-    runs.append(obj)
+runs = [json.loads(line) for line in sys.stdin]
 print("| trace | peak requested GiB | PyTorch recorded reserved GiB (÷ req) | classic reserved (÷ req) | expandable reserved (÷ req) | stitch reserved (÷ req) | min device classic / expandable / stitch GiB (stitch ÷ req) |")
 print("| --- | --- | --- | --- | --- | --- | --- |")
 for cfgs in runs:

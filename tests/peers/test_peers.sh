@@ -6,30 +6,8 @@ set -uo pipefail
 replay=$1
 source_dir=$2
 pytorch=$3
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-failures=0
-
-fail() {
-  echo "FAIL: $*" >&2
-  failures=$((failures + 1))
-}
-
-run() {  # run EXPECTED_STATUS ARGS...: stdout in $out, stderr in $err
-  local expected=$1
-  shift
-  "$replay" "$@" >"$work/out" 2>"$work/err"
-  local status=$?
-  out=$(cat "$work/out")
-  err=$(cat "$work/err")
-  if [[ $status != "$expected" ]]; then
-    fail "gpumem-replay $* exited $status, expected $expected; stderr: $err"
-  fi
-}
-
-expect_in() {  # expect_in TEXT PATTERN WHAT
-  if ! grep -qE -- "$2" <<<"$1"; then fail "$3: /$2/ not found in:"$'\n'"$1"; fi
-}
+# shellcheck source=tests/replay_cli/common.sh
+source "$source_dir/tests/replay_cli/common.sh"
 
 # json_field JSON KEY [INDEX]: a field of the INDEX-th object of a --json array
 json_field() {
@@ -43,19 +21,7 @@ expect_field() {  # expect_field JSON KEY VALUE WHAT [INDEX]
   if [[ $v != "$3" ]]; then fail "$4: $2 is $v, expected $3"; fi
 }
 
-# The split survivor of tests/replay_cli/test_cli.sh: 60 MiB freed, 20 MiB then 50 MiB asked for.
-mib=1048576
-cat >"$work/survivor.trace" <<TRACE
-gpumem-trace 1
-@source split survivor by hand
-alloc 0x1000 $((60 * mib)) 0
-free_requested 0x1000 $((60 * mib)) 0
-free_completed 0x1000 $((60 * mib)) 0
-alloc 0x2000 $((20 * mib)) 0
-alloc 0x3000 $((50 * mib)) 0
-free_requested 0x2000 $((20 * mib)) 0
-free_requested 0x3000 $((50 * mib)) 0
-TRACE
+# $work/survivor.trace (tests/replay_cli/common.sh): 60 MiB freed, 20 MiB then 50 MiB asked for.
 
 # Two streams and a record_stream: a 4 MiB block used on stream 7 too, freed, then 4 MiB again.
 cat >"$work/streams.trace" <<TRACE
@@ -138,8 +104,4 @@ else
   expect_in "$out" "^max_split_size_mb:64 +native +completed" "pytorch on llama-tiny"
 fi
 
-if ((failures > 0)); then
-  echo "$failures check(s) failed" >&2
-  exit 1
-fi
-echo "all gpumem-replay --allocator checks passed"
+finish "gpumem-replay --allocator"

@@ -235,10 +235,7 @@ class cuda_device {
   /// cudaEventDestroy. Thread-safe. Throws cuda_error.
   void destroy_event(event_type event) {
     detail::cuda_device_guard guard(index_);
-    const cudaError_t status = cudaEventDestroy(event);
-    if (status != cudaSuccess) {
-      detail::throw_cuda_error(status, fmt::format("cudaEventDestroy({})", ptr(event)), index_);
-    }
+    check_handle(cudaEventDestroy(event), "cudaEventDestroy", ptr(event));
   }
 
   /// The device `stream` belongs to (cudaStreamGetDevice; this device for the legacy and
@@ -313,10 +310,7 @@ class cuda_device {
   /// cudaEventSynchronize. Thread-safe. Throws cuda_error.
   void synchronize_event(event_type event) {
     detail::cuda_device_guard guard(index_);
-    const cudaError_t status = cudaEventSynchronize(event);
-    if (status != cudaSuccess) {
-      detail::throw_cuda_error(status, fmt::format("cudaEventSynchronize({})", ptr(event)), index_);
-    }
+    check_handle(cudaEventSynchronize(event), "cudaEventSynchronize", ptr(event));
   }
 
   /// cudaDeviceSynchronize. Thread-safe. Throws cuda_error.
@@ -338,10 +332,7 @@ class cuda_device {
   /// cudaStreamDestroy. Thread-safe. Throws cuda_error.
   void destroy_stream(stream_type stream) {
     detail::cuda_device_guard guard(index_);
-    const cudaError_t status = cudaStreamDestroy(stream);
-    if (status != cudaSuccess) {
-      detail::throw_cuda_error(status, fmt::format("cudaStreamDestroy({})", ptr(stream)), index_);
-    }
+    check_handle(cudaStreamDestroy(stream), "cudaStreamDestroy", ptr(stream));
   }
 
  private:
@@ -352,6 +343,13 @@ class cuda_device {
 
   void check(cudaError_t status, const char* call) const {
     if (status != cudaSuccess) detail::throw_cuda_error(status, call, index_);
+  }
+
+  // check() for a call on one handle: the error names it as "call(handle)".
+  void check_handle(cudaError_t status, const char* call, const void* handle) const {
+    if (status != cudaSuccess) {
+      detail::throw_cuda_error(status, fmt::format("{}({})", call, handle), index_);
+    }
   }
 
   void query_memory(std::size_t& free_bytes, std::size_t& total_bytes) const {

@@ -1,10 +1,12 @@
-// gpumem — fault injection for the simulated devices: the rules (fault_injection) and the
-// injector that applies them (detail::fault_injector), shared by simulated_device
+// gpumem — fault injection for the simulated devices: the rules (fault_injection), the injector
+// that applies them (detail::fault_injector) and the fault and out-of-memory accounting with its
+// public calls (detail::simulated_fault_state), shared by simulated_device
 // (device/simulated_device.hpp) and simulated_host_device (host/simulated_host_device.hpp).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -85,6 +87,70 @@ class fault_injector {
   std::size_t fallible_calls_ = 0;
   std::size_t injected_ = 0;
   std::uint64_t rng_state_ = 0;
+};
+
+/// The fault injection and out-of-memory accounting of a simulated device, and the public calls
+/// that read and set it; simulated_device and simulated_host_device derive from it. `mutex_`
+/// guards this state and the whole of the deriving device's own.
+class simulated_fault_state {
+ public:
+  /// The fault injection in force. Thread-safe; never throws.
+  fault_injection faults() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return faults_.rules();
+  }
+
+  /// Replaces the fault injection, restarts the count of fallible calls (fail_nth_call counts
+  /// from here) and reseeds the generator. Thread-safe. Throws std::invalid_argument for a
+  /// probability outside [0, 1] (faults unchanged).
+  void set_faults(const fault_injection& faults) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    faults_.set(faults, who_);
+  }
+
+  /// Fallible calls (those the device's class comment names) accepted since construction or the
+  /// last set_faults(). Thread-safe; never throws.
+  std::size_t fallible_calls() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return faults_.fallible_calls();
+  }
+
+  /// Calls failed by fault injection since construction or reset_counters(). Thread-safe; never
+  /// throws.
+  std::size_t injected_faults() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return faults_.injected();
+  }
+
+  /// Calls that failed because the capacity (or the address space or system memory behind it)
+  /// was exhausted, injected faults excluded, since construction or reset_counters().
+  /// Thread-safe; never throws.
+  std::size_t out_of_memory_failures() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return out_of_memory_failures_;
+  }
+
+ protected:
+  /// Throws std::invalid_argument (naming `who`, which must outlive this object) for a
+  /// probability outside [0, 1].
+  simulated_fault_state(const fault_injection& rules, const char* who)
+      : faults_(rules, who), who_(who) {}
+  ~simulated_fault_state() = default;
+  simulated_fault_state(const simulated_fault_state&) = delete;
+  simulated_fault_state& operator=(const simulated_fault_state&) = delete;
+
+  /// Zeroes the injected-fault and out-of-memory counts. Call with mutex_ held.
+  void reset_fault_counts_locked() noexcept {
+    faults_.reset_injected();
+    out_of_memory_failures_ = 0;
+  }
+
+  mutable std::mutex mutex_;
+  fault_injector faults_;
+  std::size_t out_of_memory_failures_ = 0;
+
+ private:
+  const char* who_;
 };
 
 }  // namespace detail

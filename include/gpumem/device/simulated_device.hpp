@@ -119,7 +119,11 @@ namespace gpumem {
 /// (error_invalid_value, error_invalid_handle) and leaves the device, its counters included,
 /// unchanged. Running out of memory is not misuse: allocate/create_physical return nullptr/0, and
 /// the call is counted and charged. Every function may also throw std::bad_alloc.
-class simulated_device {
+///
+/// Fault injection (faults(), set_faults(), fallible_calls(), injected_faults() and
+/// out_of_memory_failures(), from detail::simulated_fault_state): the fallible calls are
+/// allocate, create_physical, reserve_address and map.
+class simulated_device : public detail::simulated_fault_state {
  public:
   using options = simulated_device_options;
   using stream_type = simulated_stream;
@@ -141,7 +145,7 @@ class simulated_device {
   /// a power of two, a negative or non-finite delay or cost, a fault probability outside [0, 1];
   /// std::system_error when the address range cannot be reserved; std::bad_alloc.
   explicit simulated_device(const options& opts)
-      : options_(opts), costs_(opts.costs), faults_(opts.faults, "simulated_device") {
+      : simulated_fault_state(opts.faults, "simulated_device"), options_(opts), costs_(opts.costs) {
     const std::size_t g = options_.vmm_granularity;
     if (g == 0 || (g & (g - 1)) != 0) {
       throw std::invalid_argument(
@@ -631,8 +635,7 @@ class simulated_device {
   void reset_counters() {
     std::lock_guard<std::mutex> lock(mutex_);
     counters_ = call_counters{};
-    faults_.reset_injected();
-    out_of_memory_failures_ = 0;
+    reset_fault_counts_locked();
   }
 
   /// Physical bytes in use: live segments (rounded to segment_granularity) plus physical VMM
@@ -722,41 +725,6 @@ class simulated_device {
     validate_costs(costs);
     std::lock_guard<std::mutex> lock(mutex_);
     costs_ = costs;
-  }
-
-  /// The fault injection in force. Thread-safe; never throws.
-  fault_injection faults() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return faults_.rules();
-  }
-
-  /// Replaces the fault injection, restarts the count of fallible calls (fail_nth_call counts from
-  /// here) and reseeds the generator. Thread-safe. Throws std::invalid_argument for a probability
-  /// outside [0, 1] (faults unchanged).
-  void set_faults(const fault_injection& faults) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    faults_.set(faults, "simulated_device");
-  }
-
-  /// Fallible calls (allocate, create_physical, reserve_address, map) accepted since construction
-  /// or the last set_faults(). Thread-safe; never throws.
-  std::size_t fallible_calls() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return faults_.fallible_calls();
-  }
-
-  /// Calls failed by fault injection since construction or reset_counters(). Thread-safe; never
-  /// throws.
-  std::size_t injected_faults() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return faults_.injected();
-  }
-
-  /// Calls that failed because the capacity (or the fake address space) was exhausted, injected
-  /// faults excluded, since construction or reset_counters(). Thread-safe; never throws.
-  std::size_t out_of_memory_failures() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return out_of_memory_failures_;
   }
 
   /// The options the device was built with (costs and faults as given then). Thread-safe; never
@@ -1026,10 +994,8 @@ class simulated_device {
     complete_all_locked();
   }
 
-  mutable std::mutex mutex_;
   const options options_;
   cost_model costs_;
-  detail::fault_injector faults_;
 
   void* arena_ = nullptr;
   std::size_t arena_size_ = 0;
@@ -1050,7 +1016,6 @@ class simulated_device {
   std::size_t in_use_ = 0;
   std::size_t peak_ = 0;
   call_counters counters_;
-  std::size_t out_of_memory_failures_ = 0;
   double now_ = 0;
   double latest_ready_ = 0;
   double driver_seconds_ = 0;

@@ -68,7 +68,11 @@ struct simulated_host_device_options {
 ///
 /// Thread safety: every member function may be called from any thread; one mutex serialises them
 /// (the event device has its own). Not copyable or movable.
-class simulated_host_device {
+///
+/// Fault injection (faults(), set_faults(), fallible_calls(), injected_faults() and
+/// out_of_memory_failures(), from detail::simulated_fault_state): the fallible calls are
+/// host_alloc of > 0 bytes and host_register.
+class simulated_host_device : public detail::simulated_fault_state {
  public:
   using options = simulated_host_device_options;
   using stream_type = simulated_device::stream_type;
@@ -85,7 +89,9 @@ class simulated_host_device {
   /// for a page_size that is not a power of two, a fault probability outside [0, 1] or a
   /// negative latency.
   explicit simulated_host_device(simulated_device& events, const options& opts = options{})
-      : events_(events), options_(opts), faults_(opts.faults, "simulated_host_device") {
+      : simulated_fault_state(opts.faults, "simulated_host_device"),
+        events_(events),
+        options_(opts) {
     const std::size_t p = options_.page_size;
     if (p == 0 || (p & (p - 1)) != 0) {
       throw std::invalid_argument(
@@ -152,13 +158,7 @@ class simulated_host_device {
   void host_free(void* ptr, std::size_t bytes) {
     sleep_latency();
     std::lock_guard<std::mutex> lock(mutex_);
-    const auto call = [&] { return fmt::format("cudaFreeHost({}) of {} bytes", ptr, bytes); };
-    auto it = find_range_locked(ptr, false, error_invalid_value, call);
-    if (it->second.bytes != bytes) {
-      fail(error_invalid_value,
-           fmt::format("{}: it was allocated with {} bytes", call(), it->second.bytes));
-    }
-    pinned_ -= it->second.pinned;
+    const auto it = unpin_range_locked(ptr, bytes, false, error_invalid_value, "cudaFreeHost");
     detail::page_aligned_free(ptr);
     ranges_.erase(it);
     ++counters_.host_free;
@@ -206,13 +206,8 @@ class simulated_host_device {
   void host_unregister(void* ptr, std::size_t bytes) {
     sleep_latency();
     std::lock_guard<std::mutex> lock(mutex_);
-    const auto call = [&] { return fmt::format("cudaHostUnregister({}) of {} bytes", ptr, bytes); };
-    auto it = find_range_locked(ptr, true, error_host_memory_not_registered, call);
-    if (it->second.bytes != bytes) {
-      fail(error_invalid_value,
-           fmt::format("{}: it was registered with {} bytes", call(), it->second.bytes));
-    }
-    pinned_ -= it->second.pinned;
+    const auto it = unpin_range_locked(ptr, bytes, true, error_host_memory_not_registered,
+                                       "cudaHostUnregister");
     ranges_.erase(it);
     ++counters_.host_unregister;
   }
@@ -293,47 +288,11 @@ class simulated_host_device {
   void reset_counters() {
     std::lock_guard<std::mutex> lock(mutex_);
     counters_ = host_call_counters{};
-    faults_.reset_injected();
-    out_of_memory_failures_ = 0;
+    reset_fault_counts_locked();
   }
 
   /// The capacity in bytes. Thread-safe; never throws.
   std::size_t capacity() const noexcept { return options_.capacity; }
-
-  /// The fault injection in force. Thread-safe; never throws.
-  fault_injection faults() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return faults_.rules();
-  }
-
-  /// Replaces the fault injection, restarts the count of fallible calls (fail_nth_call counts
-  /// from here) and reseeds the generator. Thread-safe. Throws std::invalid_argument for a
-  /// probability outside [0, 1] (faults unchanged).
-  void set_faults(const fault_injection& faults) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    faults_.set(faults, "simulated_host_device");
-  }
-
-  /// Fallible calls (host_alloc of > 0 bytes, host_register) accepted since construction or the
-  /// last set_faults(). Thread-safe; never throws.
-  std::size_t fallible_calls() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return faults_.fallible_calls();
-  }
-
-  /// Calls failed by fault injection since construction or reset_counters(). Thread-safe; never
-  /// throws.
-  std::size_t injected_faults() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return faults_.injected();
-  }
-
-  /// Calls that failed because the capacity (or the system's memory) was exhausted, injected
-  /// faults excluded, since construction or reset_counters(). Thread-safe; never throws.
-  std::size_t out_of_memory_failures() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return out_of_memory_failures_;
-  }
 
   /// The options the device was built with. Thread-safe; never throws.
   const options& config() const noexcept { return options_; }
@@ -381,6 +340,22 @@ class simulated_host_device {
                            call(), wanted));
   }
 
+  // The range host_free (registered false) or host_unregister (true) releases, its pages
+  // unpinned; the caller erases it. Throws as find_range_locked does, `code` for a missing range,
+  // and error_invalid_value for a size other than `bytes`, device unchanged.
+  range_map::iterator unpin_range_locked(void* ptr, std::size_t bytes, bool registered, int code,
+                                         const char* api) {
+    const auto call = [&] { return fmt::format("{}({}) of {} bytes", api, ptr, bytes); };
+    auto it = find_range_locked(ptr, registered, code, call);
+    if (it->second.bytes != bytes) {
+      fail(error_invalid_value,
+           fmt::format("{}: it was {} with {} bytes", call(),
+                       registered ? "registered" : "allocated", it->second.bytes));
+    }
+    pinned_ -= it->second.pinned;
+    return it;
+  }
+
   const range_map::value_type* overlapping_locked(std::uintptr_t address, std::size_t bytes) const {
     auto next = ranges_.lower_bound(address);
     if (next != ranges_.end() && next->first < address + bytes) return &*next;
@@ -398,13 +373,10 @@ class simulated_host_device {
 
   simulated_device& events_;
   const options options_;
-  mutable std::mutex mutex_;
-  detail::fault_injector faults_;
   range_map ranges_;
   std::size_t pinned_ = 0;
   std::size_t peak_ = 0;
   host_call_counters counters_;
-  std::size_t out_of_memory_failures_ = 0;
 };
 
 static_assert(is_host_device_v<simulated_host_device>,

@@ -354,45 +354,48 @@ inline std::string_view curve_colour(std::size_t i) {
   return curve_colours[i % std::size(curve_colours)];
 }
 
-inline const char* state_name(segment_map_block::state_kind s) {
+// A segment map's colour: that of the first curve with the same label, so the two read as one
+// configuration; grey when no curve has it.
+inline std::string_view map_colour(const std::vector<memory_curve>& curves, const segment_map& m) {
+  for (std::size_t i = 0; i < curves.size(); ++i) {
+    if (curves[i].label == m.label) return curve_colour(i);
+  }
+  return "#555555";
+}
+
+// How a block state is drawn: its name (legend, tooltips), its CSS class and its fill colour
+// (nullptr: the unmapped hatching pattern).
+struct state_style {
+  const char* name;
+  const char* css_class;
+  const char* colour;
+};
+
+inline state_style style_of(segment_map_block::state_kind s) {
   switch (s) {
     case segment_map_block::state_kind::allocated:
-      return "allocated";
+      return {"allocated", "allocated", "#0072B2"};
     case segment_map_block::state_kind::pending_free:
-      return "pending free";
+      return {"pending free", "pending-free", "#E69F00"};
     case segment_map_block::state_kind::cached:
-      return "cached";
+      return {"cached", "cached", "#A8DCC9"};
     case segment_map_block::state_kind::unmapped:
-      return "unmapped";
+      return {"unmapped", "unmapped", nullptr};
   }
-  return "unknown";
+  return {"unknown", "unknown", nullptr};
+}
+
+inline const char* state_name(segment_map_block::state_kind s) {
+  return style_of(s).name;
 }
 
 inline const char* state_class(segment_map_block::state_kind s) {
-  switch (s) {
-    case segment_map_block::state_kind::allocated:
-      return "allocated";
-    case segment_map_block::state_kind::pending_free:
-      return "pending-free";
-    case segment_map_block::state_kind::cached:
-      return "cached";
-    case segment_map_block::state_kind::unmapped:
-      return "unmapped";
-  }
-  return "unknown";
+  return style_of(s).css_class;
 }
 
 inline std::string state_fill(segment_map_block::state_kind s) {
-  switch (s) {
-    case segment_map_block::state_kind::allocated:
-      return "#0072B2";
-    case segment_map_block::state_kind::pending_free:
-      return "#E69F00";
-    case segment_map_block::state_kind::cached:
-      return "#A8DCC9";
-    case segment_map_block::state_kind::unmapped:
-      break;
-  }
+  const char* colour = style_of(s).colour;
+  if (colour != nullptr) return colour;
   return fmt::format("url(#{})", unmapped_pattern_id);
 }
 
@@ -579,13 +582,7 @@ inline double draw_time_panel(std::string& out, const std::vector<memory_curve>&
             f.left + f.width - 6, f.label_y(py), format_size(*options.recorded_reserved_peak));
   }
   for (const auto& m : maps) {
-    std::string_view colour = "#555555";
-    for (std::size_t i = 0; i < curves.size(); ++i) {
-      if (curves[i].label == m.label) {
-        colour = curve_colour(i);
-        break;
-      }
-    }
+    const std::string_view colour = map_colour(curves, m);
     const double px = f.px(m.at_event_index);
     svg_put(out,
             "<line class=\"snapshot\" x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" "
@@ -762,13 +759,7 @@ inline double draw_segment_maps(std::string& out, const std::vector<memory_curve
   }
 
   for (const auto& m : maps) {
-    std::string_view colour = "#555555";
-    for (std::size_t i = 0; i < curves.size(); ++i) {
-      if (curves[i].label == m.label) {
-        colour = curve_colour(i);
-        break;
-      }
-    }
+    const std::string_view colour = map_colour(curves, m);
     state_totals totals;
     std::size_t small = 0;
     for (const auto& seg : m.segments) {

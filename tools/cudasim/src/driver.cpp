@@ -296,24 +296,30 @@ void* find_proc(const std::string& symbol, int version, cuuint64_t flags,
   return nullptr;
 }
 
+// The body of the gpumemSim* calls that return 0 or -1: -1 when there is no simulator, when `f`
+// returns false (a rejected argument) or throws; else 0.
+template <class F>
+int with_simulator(const F& f) noexcept {
+  simulator* sim = get();
+  if (sim == nullptr) return -1;
+  try {
+    return f(*sim) ? 0 : -1;
+  } catch (...) {
+    return -1;
+  }
+}
+
+// Copies the counters of `device` (-1: every device) to `out`, at most `size` bytes of them.
+void copy_counters(simulator& sim, int device, gpumemSimCounters* out, std::size_t size) {
+  gpumemSimCounters c{};
+  sim.read_counters(c, device);
+  std::memcpy(out, &c, std::min(size, sizeof c));
+}
+
 }  // namespace
 
 int driver_unimplemented(const char* name, std::atomic<bool>& reported) noexcept {
-  if (!reported.exchange(true)) {
-    std::fprintf(stderr,
-                 "gpumem cudasim: %s is not implemented by the CUDA simulator; it returns "
-                 "CUDA_ERROR_NOT_SUPPORTED (reported once)\n",
-                 name);
-  }
-  if (simulator* sim = get()) {
-    sim->count(extra::unimplemented);
-    if (sim->logging()) {
-      try {
-        sim->log(fmt::format("{}(...) = CUDA_ERROR_NOT_SUPPORTED: not implemented", name));
-      } catch (...) {
-      }
-    }
-  }
+  report_unimplemented(get(), name, "CUDA_ERROR_NOT_SUPPORTED", reported);
   return CUDA_ERROR_NOT_SUPPORTED;
 }
 
@@ -332,51 +338,33 @@ gpumem::cudasim::thread_state* gpumemSimInternalThread(void) {
 }
 
 int gpumemSimGetCounters(gpumemSimCounters* out, size_t size) {
-  simulator* sim = get();
-  if (out == nullptr || sim == nullptr) return -1;
-  try {
-    gpumemSimCounters c{};
-    sim->read_counters(c);
-    std::memcpy(out, &c, std::min(size, sizeof c));
-    return 0;
-  } catch (...) {
-    return -1;
-  }
+  return with_simulator([&](simulator& sim) {
+    if (out == nullptr) return false;
+    copy_counters(sim, -1, out, size);
+    return true;
+  });
 }
 
 int gpumemSimResetCounters(void) {
-  simulator* sim = get();
-  if (sim == nullptr) return -1;
-  try {
-    sim->reset_counters();
-    return 0;
-  } catch (...) {
-    return -1;
-  }
+  return with_simulator([](simulator& sim) {
+    sim.reset_counters();
+    return true;
+  });
 }
 
 int gpumemSimGetDeviceCounters(int device, gpumemSimCounters* out, size_t size) {
-  simulator* sim = get();
-  if (out == nullptr || sim == nullptr || !sim->valid_device(device)) return -1;
-  try {
-    gpumemSimCounters c{};
-    sim->read_counters(c, device);
-    std::memcpy(out, &c, std::min(size, sizeof c));
-    return 0;
-  } catch (...) {
-    return -1;
-  }
+  return with_simulator([&](simulator& sim) {
+    if (out == nullptr || !sim.valid_device(device)) return false;
+    copy_counters(sim, device, out, size);
+    return true;
+  });
 }
 
 int gpumemSimResetViolations(void) {
-  simulator* sim = get();
-  if (sim == nullptr) return -1;
-  try {
-    sim->reset_violations();
-    return 0;
-  } catch (...) {
-    return -1;
-  }
+  return with_simulator([](simulator& sim) {
+    sim.reset_violations();
+    return true;
+  });
 }
 
 size_t gpumemSimGetLastViolation(char* buffer, size_t size) {

@@ -270,21 +270,7 @@ thread_local launch_config pushed_config;
 }  // namespace
 
 int runtime_unimplemented(const char* name, std::atomic<bool>& reported) noexcept {
-  if (!reported.exchange(true)) {
-    std::fprintf(stderr,
-                 "gpumem cudasim: %s is not implemented by the CUDA simulator; it returns "
-                 "cudaErrorNotSupported (reported once)\n",
-                 name);
-  }
-  if (simulator* sim = gpumemSimInternalInstance()) {
-    sim->count(extra::unimplemented);
-    if (sim->logging()) {
-      try {
-        sim->log(fmt::format("{}(...) = cudaErrorNotSupported: not implemented", name));
-      } catch (...) {
-      }
-    }
-  }
+  report_unimplemented(gpumemSimInternalInstance(), name, "cudaErrorNotSupported", reported);
   return finish(cudaErrorNotSupported);
 }
 

@@ -487,25 +487,14 @@ class simulator {
   /// created with that type requested. Fabric handles: export_fabric_handle.
   status export_handle(std::uint64_t handle, unsigned type, int& fd) {
     std::lock_guard<std::mutex> lock(mutex_);
-    const auto it = handles_.find(handle);
-    if (it == handles_.end()) {
-      throw cuda_error(invalid_handle, fmt::format("cuMemExportToShareableHandle(handle={:#x}): "
-                                                   "unknown or released handle",
-                                                   handle));
-    }
+    const handle_state& exported = exported_handle_locked(handle, "");
     if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
       throw cuda_error(not_supported,
                        fmt::format("cuMemExportToShareableHandle: handle type {} is not "
                                    "simulated (POSIX file descriptors only)",
                                    type));
     }
-    if ((it->second.types & type) == 0) {
-      throw cuda_error(invalid_value,
-                       fmt::format("cuMemExportToShareableHandle(handle={:#x}): the memory was "
-                                   "created without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR in "
-                                   "requestedHandleTypes",
-                                   handle));
-    }
+    check_export_type_locked(exported, handle, type, "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR");
     const int made = ::memfd_create("cudasim-vmm-handle", MFD_CLOEXEC);
     if (made < 0)
       throw cuda_error(out_of_memory, "cuMemExportToShareableHandle: memfd_create failed");
@@ -530,19 +519,9 @@ class simulator {
   /// as the driver does.
   status export_fabric_handle(std::uint64_t handle, unsigned char* out) {
     std::lock_guard<std::mutex> lock(mutex_);
-    const auto it = handles_.find(handle);
-    if (it == handles_.end()) {
-      throw cuda_error(invalid_handle, fmt::format("cuMemExportToShareableHandle(handle={:#x}, "
-                                                   "FABRIC): unknown or released handle",
-                                                   handle));
-    }
-    if ((it->second.types & CU_MEM_HANDLE_TYPE_FABRIC) == 0) {
-      throw cuda_error(invalid_value,
-                       fmt::format("cuMemExportToShareableHandle(handle={:#x}): the memory was "
-                                   "created without CU_MEM_HANDLE_TYPE_FABRIC in "
-                                   "requestedHandleTypes",
-                                   handle));
-    }
+    const handle_state& exported = exported_handle_locked(handle, ", FABRIC");
+    check_export_type_locked(exported, handle, CU_MEM_HANDLE_TYPE_FABRIC,
+                             "CU_MEM_HANDLE_TYPE_FABRIC");
     for (const auto& [bytes, h] : fabric_exported_) {
       if (h == handle) {
         std::memcpy(out, bytes.data(), bytes.size());
@@ -652,12 +631,7 @@ class simulator {
   /// cuMemUnmap. Reports the work the host has not seen complete that touches the range.
   status unmap(std::uintptr_t va, std::size_t size) {
     std::lock_guard<std::mutex> lock(mutex_);
-    const int o = owner(reinterpret_cast<const void*>(va));
-    if (o < 0) {
-      throw cuda_error(invalid_value,
-                       fmt::format("cuMemUnmap({:#x}, {}): not a mapped range", va, size));
-    }
-    device_state& x = dev(o);
+    device_state& x = mapped_device_locked("cuMemUnmap", va, size);
     x.mem->unmap(va, size);
     auto it = x.mappings.lower_bound(va);
     while (it != x.mappings.end() && it->first < va + size) it = x.mappings.erase(it);
@@ -680,12 +654,7 @@ class simulator {
       }
     }
     std::lock_guard<std::mutex> lock(mutex_);
-    const int o = owner(reinterpret_cast<const void*>(va));
-    if (o < 0) {
-      throw cuda_error(invalid_value,
-                       fmt::format("cuMemSetAccess({:#x}, {}): not a mapped range", va, size));
-    }
-    device_state& x = dev(o);
+    device_state& x = mapped_device_locked("cuMemSetAccess", va, size);
     x.mem->set_access(va, size);  // checks the range is whole mappings
     for (auto it = x.mappings.lower_bound(va); it != x.mappings.end() && it->first < va + size;
          ++it) {
@@ -768,28 +737,12 @@ class simulator {
 
   /// cudaStreamQuery: ok when the stream's work has ended, else not_ready.
   status query_stream(int current, cudaStream_t stream, const char* call) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stream_state* s = find_stream_locked(stream, current);
-    if (s == nullptr) return invalid_handle;
-    check_sync_allowed_locked(*s, call);
-    check_fault_locked(s->device, call);
-    count(extra::stream_query);
-    if (s->ready > now_locked()) return not_ready;
-    observe_locked(s->order);
-    return ok;
+    return end_stream_work(current, stream, call, false);
   }
 
   /// cudaStreamSynchronize: waits for the stream's work (the host clock moves to its end).
   status synchronize_stream(int current, cudaStream_t stream, const char* call) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stream_state* s = find_stream_locked(stream, current);
-    if (s == nullptr) return invalid_handle;
-    check_sync_allowed_locked(*s, call);
-    check_fault_locked(s->device, call);
-    count(extra::stream_synchronize);
-    wait_until_locked(s->ready);
-    observe_locked(s->order);
-    return ok;
+    return end_stream_work(current, stream, call, true);
   }
 
   /// cudaStreamWaitEvent: later work on `stream` waits for the event's work (any device's). An
@@ -838,12 +791,7 @@ class simulator {
       if ((flags & cudaEventWaitExternal) == 0) {
         return isolation_locked(*s, "an event recorded outside the capture");
       }
-      graph_node n;
-      n.kind = node_kind::event_wait;
-      n.device = s->device;
-      n.what = "external event wait";
-      n.event = reinterpret_cast<std::uintptr_t>(event);
-      add_node_locked(*s, std::move(n));
+      add_event_node_locked(*s, node_kind::event_wait, "external event wait", event);
       count(extra::stream_wait_event);
       return ok;
     }
@@ -957,12 +905,7 @@ class simulator {
       capture_state& c = captures_.at(s->capture);
       if (c.invalidated) return capture_invalidated;
       if ((flags & cudaEventRecordExternal) != 0) {
-        graph_node n;
-        n.kind = node_kind::event_record;
-        n.device = s->device;
-        n.what = "external event record";
-        n.event = reinterpret_cast<std::uintptr_t>(event);
-        add_node_locked(*s, std::move(n));
+        add_event_node_locked(*s, node_kind::event_record, "external event record", event);
       }
       e->capture = c.id;
       e->capture_nodes = s->capture_deps;
@@ -986,31 +929,11 @@ class simulator {
   }
 
   /// cudaEventQuery: ok when complete (or never recorded), else not_ready.
-  status query_event(cudaEvent_t event) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    event_state* e = find_event_locked(event);
-    if (e == nullptr) return invalid_handle;
-    check_not_captured_locked(*e, "cudaEventQuery", event);
-    check_fault_locked(e->device, "cudaEventQuery");
-    (void)dev(e->device).mem->query_event(e->sim);
-    if (!e->recorded) return ok;
-    if (e->time > now_locked()) return not_ready;
-    observe_locked(e->order);
-    return ok;
-  }
+  status query_event(cudaEvent_t event) { return end_event_work(event, "cudaEventQuery", false); }
 
   /// cudaEventSynchronize: waits for the event's work (the host clock moves to its end).
   status synchronize_event(cudaEvent_t event) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    event_state* e = find_event_locked(event);
-    if (e == nullptr) return invalid_handle;
-    check_not_captured_locked(*e, "cudaEventSynchronize", event);
-    check_fault_locked(e->device, "cudaEventSynchronize");
-    dev(e->device).mem->synchronize_event(e->sim);
-    if (!e->recorded) return ok;
-    wait_until_locked(e->time);
-    observe_locked(e->order);
-    return ok;
+    return end_event_work(event, "cudaEventSynchronize", true);
   }
 
   /// cudaEventElapsedTime: milliseconds between the two events' completions. invalid_handle when
@@ -2171,6 +2094,69 @@ class simulator {
     }
   }
 
+  // The device whose address range holds [va, va + size), for `call` (cuMemUnmap,
+  // cuMemSetAccess); cuda_error(invalid_value) when no device's does.
+  device_state& mapped_device_locked(const char* call, std::uintptr_t va, std::size_t size) {
+    const int o = owner(reinterpret_cast<const void*>(va));
+    if (o < 0) {
+      throw cuda_error(invalid_value,
+                       fmt::format("{}({:#x}, {}): not a mapped range", call, va, size));
+    }
+    return dev(o);
+  }
+
+  // Adds to the capture of `s` a node of `kind` (an external event record or wait) on `event`.
+  void add_event_node_locked(stream_state& s, node_kind kind, const char* what, cudaEvent_t event) {
+    graph_node n;
+    n.kind = kind;
+    n.device = s.device;
+    n.what = what;
+    n.event = reinterpret_cast<std::uintptr_t>(event);
+    add_node_locked(s, std::move(n));
+  }
+
+  // Work that ends at `ready`, `order` in the order of work: wait true waits for it (the host
+  // clock moves to `ready`); wait false answers not_ready until then. Once it has ended, the host
+  // has seen it.
+  status end_of_work_locked(double ready, const vclock& order, bool wait) {
+    if (wait) {
+      wait_until_locked(ready);
+    } else if (ready > now_locked()) {
+      return not_ready;
+    }
+    observe_locked(order);
+    return ok;
+  }
+
+  // query_stream (wait false: not_ready while the stream's work runs) and synchronize_stream
+  // (wait true: the host clock moves to the end of that work).
+  status end_stream_work(int current, cudaStream_t stream, const char* call, bool wait) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stream_state* s = find_stream_locked(stream, current);
+    if (s == nullptr) return invalid_handle;
+    check_sync_allowed_locked(*s, call);
+    check_fault_locked(s->device, call);
+    count(wait ? extra::stream_synchronize : extra::stream_query);
+    return end_of_work_locked(s->ready, s->order, wait);
+  }
+
+  // query_event (wait false: not_ready while the event's work runs) and synchronize_event (wait
+  // true: the host clock moves to the end of that work).
+  status end_event_work(cudaEvent_t event, const char* call, bool wait) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    event_state* e = find_event_locked(event);
+    if (e == nullptr) return invalid_handle;
+    check_not_captured_locked(*e, call, event);
+    check_fault_locked(e->device, call);
+    if (wait) {
+      dev(e->device).mem->synchronize_event(e->sim);
+    } else {
+      (void)dev(e->device).mem->query_event(e->sim);
+    }
+    if (!e->recorded) return ok;
+    return end_of_work_locked(e->time, e->order, wait);
+  }
+
   status isolation_locked(stream_state& s, const char* what) {
     invalidate_locked(captures_.at(s.capture), "cudaStreamWaitEvent across captures");
     throw cuda_error(capture_isolation,
@@ -2271,6 +2257,30 @@ class simulator {
     std::uint32_t imports = 0;
   };
   std::unordered_map<std::uint64_t, handle_state> handles_;
+
+  // The live handle cuMemExportToShareableHandle names; cuda_error(invalid_handle) for an unknown
+  // or released one (`what` follows the handle in the message: "" or ", FABRIC").
+  const handle_state& exported_handle_locked(std::uint64_t handle, const char* what) const {
+    const auto it = handles_.find(handle);
+    if (it == handles_.end()) {
+      throw cuda_error(invalid_handle, fmt::format("cuMemExportToShareableHandle(handle={:#x}{}): "
+                                                   "unknown or released handle",
+                                                   handle, what));
+    }
+    return it->second;
+  }
+
+  // cuda_error(invalid_value) when `h` was created without `type` (named `type_name`) requested.
+  static void check_export_type_locked(const handle_state& h, std::uint64_t handle, unsigned type,
+                                       const char* type_name) {
+    if ((h.types & type) == 0) {
+      throw cuda_error(invalid_value,
+                       fmt::format("cuMemExportToShareableHandle(handle={:#x}): the memory was "
+                                   "created without {} in requestedHandleTypes",
+                                   handle, type_name));
+    }
+  }
+
   std::map<std::pair<std::uint64_t, std::uint64_t>, std::uint64_t> exported_;  // (dev, inode)
   std::map<std::array<unsigned char, fabric_handle_size>, std::uint64_t> fabric_exported_;
   std::uint64_t fabric_secret_ = 0x5bd1e9955bd1e995ULL;
@@ -2338,6 +2348,29 @@ int call(simulator& sim, api which, const char* name, const Args& args, const Bo
     }
   }
   return result;
+}
+
+/// What an exported function the simulator does not implement does before it returns `result`
+/// (cudaErrorNotSupported or CUDA_ERROR_NOT_SUPPORTED, by name): reports `name` on stderr the
+/// first time (`reported`), then counts the call and logs it on `sim` (nullptr: none). Never
+/// throws.
+inline void report_unimplemented(simulator* sim, const char* name, const char* result,
+                                 std::atomic<bool>& reported) noexcept {
+  if (!reported.exchange(true)) {
+    std::fprintf(stderr,
+                 "gpumem cudasim: %s is not implemented by the CUDA simulator; it returns "
+                 "%s (reported once)\n",
+                 name, result);
+  }
+  if (sim != nullptr) {
+    sim->count(extra::unimplemented);
+    if (sim->logging()) {
+      try {
+        sim->log(fmt::format("{}(...) = {}: not implemented", name, result));
+      } catch (...) {
+      }
+    }
+  }
 }
 
 }  // namespace gpumem::cudasim

@@ -284,10 +284,13 @@ inline std::vector<socket_fd> listen_on(const std::string& host, int port, int b
 
 enum class io_result { done, closed, timed_out };
 
-inline io_result send_until(int fd, const unsigned char* data, std::size_t size,
-                            rendezvous_clock::time_point deadline) {
+/// Moves `size` bytes at `data` through `fd` by `deadline`: `step(data, size)` is one send or
+/// recv of what is left; while the socket would block, waits for `ready` (POLLOUT or POLLIN).
+template <class Byte, class Step>
+io_result transfer_until(int fd, Byte* data, std::size_t size, short ready,
+                         rendezvous_clock::time_point deadline, const Step& step) {
   while (size > 0) {
-    const ssize_t n = ::send(fd, data, size, MSG_NOSIGNAL);
+    const ssize_t n = step(data, size);
     if (n > 0) {
       data += n;
       size -= static_cast<std::size_t>(n);
@@ -295,29 +298,7 @@ inline io_result send_until(int fd, const unsigned char* data, std::size_t size,
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      pollfd p{fd, POLLOUT, 0};
-      const int r = ::poll(&p, 1, poll_timeout(deadline));
-      if (r == 0) return io_result::timed_out;
-      if (r < 0 && errno != EINTR) return io_result::closed;
-      continue;
-    }
-    return io_result::closed;
-  }
-  return io_result::done;
-}
-
-inline io_result receive_until(int fd, unsigned char* data, std::size_t size,
-                               rendezvous_clock::time_point deadline) {
-  while (size > 0) {
-    const ssize_t n = ::recv(fd, data, size, 0);
-    if (n > 0) {
-      data += n;
-      size -= static_cast<std::size_t>(n);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      pollfd p{fd, POLLIN, 0};
+      pollfd p{fd, ready, 0};
       const int r = ::poll(&p, 1, poll_timeout(deadline));
       if (r == 0) return io_result::timed_out;
       if (r < 0 && errno != EINTR) return io_result::closed;
@@ -326,6 +307,19 @@ inline io_result receive_until(int fd, unsigned char* data, std::size_t size,
     return io_result::closed;  // 0: orderly close; < 0: reset and the like
   }
   return io_result::done;
+}
+
+inline io_result send_until(int fd, const unsigned char* data, std::size_t size,
+                            rendezvous_clock::time_point deadline) {
+  return transfer_until(
+      fd, data, size, POLLOUT, deadline,
+      [fd](const unsigned char* d, std::size_t n) { return ::send(fd, d, n, MSG_NOSIGNAL); });
+}
+
+inline io_result receive_until(int fd, unsigned char* data, std::size_t size,
+                               rendezvous_clock::time_point deadline) {
+  return transfer_until(fd, data, size, POLLIN, deadline,
+                        [fd](unsigned char* d, std::size_t n) { return ::recv(fd, d, n, 0); });
 }
 
 /// A non-blocking socket connected to `a` by `deadline`, or an invalid one with `why` set.
