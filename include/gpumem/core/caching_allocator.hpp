@@ -52,6 +52,7 @@
 #include "gpumem/core/detail/pool_counters.hpp"
 #include "gpumem/core/detail/pools.hpp"
 #include "gpumem/core/detail/segment_release.hpp"
+#include "gpumem/core/detail/shared_pages.hpp"
 #include "gpumem/core/detail/spin_mutex.hpp"
 #include "gpumem/core/detail/split_rules.hpp"
 #include "gpumem/core/detail/stitch_policy.hpp"
@@ -1770,24 +1771,28 @@ class caching_allocator {
   }
   // ----------------------------------------------------------------------
 
+  // Stitch's shared pages (core/detail/shared_pages.hpp): holds, shadowed blocks, borrowed pages.
+  using page_sharing = detail::shared_pages<stream_type>;
+
+  // The block operations shared_pages uses: cut, merge with a free neighbour, index.
+  struct block_ops {
+    caching_allocator& a;
+    block_type* cut(block_type* b, std::uintptr_t at) { return a.cut(b, at); }
+    void merge(block_type* dst, block_type* src) { a.try_merge_blocks(dst, src, *dst->owner); }
+    void insert_free(block_type* b) { a.index_insert(*b->owner, b); }
+  };
+
   // A block of a range with shared pages becomes allocated: its range holds them now.
   void hold_pages([[maybe_unused]] block_type* b) {
-    if constexpr (is_vmm_device_v<Device>) {
-      const auto [first, last] = detail::page_span(b);
-      vmm_.hold(*b->seg, first, last, b->owner->stream);
-    }
+    if constexpr (is_vmm_device_v<Device>) page_sharing::hold(vmm_, b);
   }
 
   // A block of a range with shared pages is free again: the pages that nobody holds any more are
   // usable again in their other ranges.
   void release_held_pages([[maybe_unused]] block_type* b) {
     if constexpr (is_vmm_device_v<Device>) {
-      const auto [first, last] = detail::page_span(b);
-      vmm_.release_hold(*b->seg, first, last, [&](detail::page_id id) {
-        for (const auto& m : vmm_.page(id).mappings) {
-          if (m.seg != b->seg) unshadow(m.seg, m.index);
-        }
-      });
+      block_ops ops{*this};
+      page_sharing::release(vmm_, b, ops);
     }
   }
 
@@ -1795,61 +1800,8 @@ class caching_allocator {
   // become shadowed blocks and what is left goes back to the index. False, b unchanged, when no
   // page of b is held elsewhere.
   bool shadow_held_pages(block_type* b) {
-    segment_type* s = b->seg;
-    pool_type& p = *b->owner;
-    const std::size_t page = s->page_size;
-    auto [first, last] = detail::page_span(b);
-    std::size_t i = first;
-    while (i < last && !vmm_.held_elsewhere(*s, i)) ++i;
-    if (i == last) return false;
-    block_type* rest = b;  // the part not yet looked at, from position i's page on
-    while (i < last) {
-      std::size_t j = i;
-      while (j < last && vmm_.held_elsewhere(*s, j)) ++j;
-      const std::uintptr_t lo = s->ptr + i * page;
-      const std::uintptr_t hi = s->ptr + j * page;
-      if (lo < rest->ptr || hi > rest->ptr + rest->size) {
-        throw std::logic_error("gpumem invariant violated: a page held elsewhere is partly used");
-      }
-      if (lo > rest->ptr) {  // a free part before the held pages
-        block_type* held = cut(rest, lo);
-        index_insert(p, rest);
-        rest = held;
-      }
-      block_type* after = hi < rest->ptr + rest->size ? cut(rest, hi) : nullptr;
-      rest->shadowed = true;
-      try_merge_blocks(rest, rest->prev, p);  // with shadowed neighbours
-      p.shadowed.insert(rest);
-      if (after == nullptr) return true;
-      rest = after;
-      i = j;
-      while (i < last && !vmm_.held_elsewhere(*s, i)) ++i;
-    }
-    index_insert(p, rest);
-    return true;
-  }
-
-  // Position `index` of range s is free to use again: if a shadowed block covers it, that page
-  // becomes a free block (merged with its free neighbours, indexed).
-  void unshadow(segment_type* s, std::size_t index) {
-    pool_type& p = *s->owner;
-    const std::uintptr_t lo = s->ptr + index * s->page_size;
-    const std::uintptr_t hi = lo + s->page_size;
-    auto it = p.shadowed.upper_bound(lo);
-    if (it == p.shadowed.begin()) return;
-    block_type* b = *std::prev(it);
-    if (b->seg != s || b->ptr + b->size <= lo) return;  // a free block covers it: nothing to do
-    p.shadowed.erase(std::prev(it));
-    if (b->ptr < lo) {
-      block_type* page_block = cut(b, lo);
-      p.shadowed.insert(b);
-      b = page_block;
-    }
-    if (hi < b->ptr + b->size) p.shadowed.insert(cut(b, hi));
-    b->shadowed = false;
-    try_merge_blocks(b, b->prev, p);
-    try_merge_blocks(b, b->next, p);
-    index_insert(p, b);
+    block_ops ops{*this};
+    return page_sharing::shadow_held(vmm_, b, ops);
   }
 
   // --- mapping and unmapping
@@ -1906,56 +1858,14 @@ class caching_allocator {
     }
   }
 
-  // Stitch: up to `count` free pages that can be mapped in range `target` as well: whole pages
-  // inside free blocks of any pool, used by no range, not mapped in `target` yet, in the order of
-  // stitch_policy::shared_before (the target's own stream first).
+  // Stitch: up to `count` free pages that can be mapped in range `target` as well
+  // (shared_pages::collect_free).
   void collect_free_pages([[maybe_unused]] const segment_type& target,
                           [[maybe_unused]] std::size_t count,
                           [[maybe_unused]] std::vector<detail::page_id>& out) {
     if constexpr (is_vmm_device_v<Device>) {
-      out.clear();
-      struct source {
-        detail::stitch_policy::page_source order;
-        block_type* block;
-      };
-      std::vector<source> sources;
-      for (auto& sp : stream_pools_) {
-        sp->for_each([&](pool_type& q) {
-          if (q.is_small) return;  // sub-page blocks: a shared page would shadow many of them
-          q.index.for_each([&](block_type* b) {
-            if (b->seg == &target || b->seg->page_size != target.page_size) return;
-            if (const std::size_t n = interior_pages(b)) {
-              sources.push_back({{b->ptr, n, b->freed_at, !(q.stream == target.stream)}, b});
-            }
-          });
-        });
-      }
-      std::sort(sources.begin(), sources.end(), [](const source& a, const source& b) {
-        return detail::stitch_policy::shared_before(a.order, b.order);
-      });
-      for (const source& src : sources) {
-        const segment_type* s = src.block->seg;
-        const std::size_t first = round_up(src.block->ptr - s->ptr, s->page_size) / s->page_size;
-        for (std::size_t i = first; i < first + src.order.pages && out.size() < count; ++i) {
-          const detail::page_id id = s->pages[i];
-          if (vmm_.held_elsewhere(*s, i) || vmm_.mapped_in(id, target) ||
-              (captures_underway_ > 0 && vmm_.would_order(id, target.stream)) ||
-              std::find(out.begin(), out.end(), id) != out.end()) {
-            continue;
-          }
-          out.push_back(id);
-        }
-        if (out.size() == count) return;
-      }
+      page_sharing::collect_free(vmm_, stream_pools_, target, count, captures_underway_ > 0, out);
     }
-  }
-
-  static std::size_t interior_pages(const block_type* b) noexcept {
-    const segment_type* s = b->seg;
-    if (s->page_size == 0 || !b->mapped) return 0;
-    const std::size_t first = round_up(b->ptr - s->ptr, s->page_size) / s->page_size;
-    const std::size_t last = (b->ptr + b->size - s->ptr) / s->page_size;
-    return last > first ? last - first : 0;
   }
 
   // The stats of pages that vmm_pages released (their last mapping went).
@@ -2045,7 +1955,7 @@ class caching_allocator {
         sp->for_each([&](pool_type& p) {
           const std::size_t before = free_blocks.size();
           p.index.for_each([&](block_type* b) {
-            if (interior_pages(b) > 0) free_blocks.push_back(b);
+            if (page_sharing::interior_pages(b) > 0) free_blocks.push_back(b);
           });
           for (block_type* b : p.shadowed) free_blocks.push_back(b);
           if (free_blocks.size() > before &&

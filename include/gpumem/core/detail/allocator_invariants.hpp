@@ -1,12 +1,12 @@
 // gpumem — the caching allocator's invariant checker (caching_allocator::check_invariants).
 //
 // Each component checks its own structure: the free-block index its treaps and bitmaps, a pool
-// its sets, the stream pools their size classes (pools.hpp), vmm_pages its page table, the
-// counters a recount. This file checks what ties them together — the blocks tile each segment,
-// each block is in the one set its state says, free neighbours are merged, an unmapped or
-// shadowed block agrees with the page table, every statistic equals a recount from the blocks, a
-// block with capture free markers is deferred — and calls the components' checks.
-// docs/architecture.md ("Components") lists who checks what.
+// its sets, the stream pools their size classes (pools.hpp), vmm_pages its page table,
+// shared_pages the shadowed blocks, the counters a recount. This file checks what ties them
+// together — the blocks tile each segment, each block is in the one set its state says, free
+// neighbours are merged, an unmapped or shadowed block agrees with the page table, every statistic
+// equals a recount from the blocks, a block with capture free markers is deferred — and calls the
+// components' checks. docs/architecture.md ("Components") lists who checks what.
 #pragma once
 
 #include <algorithm>
@@ -28,6 +28,7 @@
 #include "gpumem/core/detail/pool_counters.hpp"
 #include "gpumem/core/detail/pools.hpp"
 #include "gpumem/core/detail/segment_release.hpp"
+#include "gpumem/core/detail/shared_pages.hpp"
 #include "gpumem/core/detail/split_rules.hpp"
 #include "gpumem/core/detail/vmm_growth.hpp"
 #include "gpumem/core/detail/vmm_pages.hpp"
@@ -234,22 +235,13 @@ class allocator_invariants {
           if (s->pages[i] == 0)
             fail(fmt::format("mapped block {:#x} has an unmapped page", b->ptr));
         }
-        if (b->shadowed) {
-          if ((b->ptr - s->ptr) % page != 0 || b->size % page != 0) {
-            fail("shadowed block not page-aligned");
-          }
-          if (b->allocated || b->event_count > 0 || b->indexed) fail("shadowed block in use");
-          if (s->owner->shadowed.count(const_cast<block_type*>(b)) == 0) {
-            fail("shadowed block not listed");
-          }
-        }
       }
     }
   }
 
   // The VMM pages: vmm_pages checks itself against the blocks; their bytes are what the VMM ranges
-  // reserve; a shadowed block lies on pages another range holds, and only there (pages are
-  // unshadowed as soon as they are free).
+  // reserve; shared_pages checks the shadowed blocks (on pages another range holds, and only there:
+  // pages are unshadowed as soon as they are free).
   static void check_pages(const allocator_state<Device>& a,
                           std::array<std::int64_t, num_stat_types>& reserved_bytes,
                           std::size_t& reserved) {
@@ -264,14 +256,8 @@ class allocator_invariants {
           if (b->allocated || b->event_count > 0 || !b->stream_uses.empty()) {
             for (std::size_t i = first; i < last; ++i) ++u[i];
           }
-          if (b->shadowed) {
-            for (std::size_t i = first; i < last; ++i) {
-              if (!a.pages.held_elsewhere(*s, i)) {
-                fail(fmt::format("shadowed block {:#x} lies on a free page", b->ptr));
-              }
-            }
-          }
         }
+        shared_pages<stream_type>::check(a.pages, *s);  // the shadowed blocks
       }
       a.pages.check(
           [&](auto&& visit) {
