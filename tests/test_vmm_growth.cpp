@@ -42,6 +42,7 @@ TEST(VmmGrowth, ExpandableIsPyTorchsExpandableSegments) {
   EXPECT_EQ(g.range_size(2 * MiB, 5 * GiB, 2 * MiB, 8 * GiB), 9 * GiB);
   EXPECT_EQ(g.range_size(2 * MiB, 0, 2 * MiB, std::numeric_limits<std::size_t>::max()), 0u);
   EXPECT_EQ(g.smaller_range_size(9 * GiB, 2 * MiB), 0u);  // all or nothing
+  EXPECT_FALSE(g.pools_by_class());                       // one large pool per stream
   EXPECT_FALSE(g.borrows(false));
   EXPECT_FALSE(g.weighs_new_range());
   EXPECT_FALSE(g.shares_free_pages());
@@ -56,6 +57,7 @@ TEST(VmmGrowth, StitchFollowsStitchPolicy) {
             stitch_policy::range_size(3 * GiB, 4 * MiB, granularity, 8 * GiB));
   EXPECT_EQ(g.smaller_range_size(GiB, 4 * MiB), 4 * MiB);
   EXPECT_EQ(g.smaller_range_size(4 * MiB, 4 * MiB), 0u);
+  EXPECT_TRUE(g.pools_by_class());
   EXPECT_TRUE(g.borrows(false));
   EXPECT_FALSE(g.borrows(true));  // the small pool has no size classes
   EXPECT_TRUE(g.weighs_new_range());

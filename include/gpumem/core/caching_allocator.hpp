@@ -963,7 +963,7 @@ class caching_allocator {
   // Stitch: the size class of a large block freed has freed blocks now, so it may borrow
   // (borrow_block). Nothing under the other policies.
   void note_class_freed(const block_type* b) {
-    if (!rules_.stitches || b->owner->is_small) return;
+    if (!growth_.borrows(b->owner->is_small)) return;
     pool_for(lookup_pools(b->owner->stream), b->size).has_freed = true;
   }
 
@@ -1102,7 +1102,7 @@ class caching_allocator {
 
   GPUMEM_ALWAYS_INLINE pool_type& pool_for(pools_type& sp, std::size_t rounded) {
     if (detail::is_small_request(rounded)) return sp.small;
-    if (!rules_.stitches) return sp.large;
+    if (!growth_.pools_by_class()) return sp.large;
     pool_type* p = sp.by_class[detail::stitch_size_class(rounded)];
     return p != nullptr ? *p : make_class_pool(sp, rounded);
   }
@@ -2165,8 +2165,8 @@ class caching_allocator {
   void check_invariants_locked() const {
     detail::allocator_invariants<Device>::check(detail::allocator_state<Device>{
         segments_, stream_pools_, allocated_, counts_, stats_, vmm_, deferred_, free_markers_,
-        reserved_total_, config_.max_split_size, rules_.stitches, !max_split_changed_, &growth_,
-        &release_});
+        reserved_total_, config_.max_split_size, growth_.pools_by_class(), !max_split_changed_,
+        &growth_, &release_});
   }
 
   Device& device_;

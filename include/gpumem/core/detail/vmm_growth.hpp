@@ -7,7 +7,9 @@
 // derived resources and what they must provide:
 //
 // What caching_allocator guarantees:
-//  - it calls only under its lock, and only when its policy maps pages (policy_rules::maps_pages);
+//  - it calls only under its lock, and only when its policy maps pages (policy_rules::maps_pages),
+//    but for pools_by_class and borrows, which it asks under every policy (false under classic);
+//  - it keeps one pool per size class for large requests exactly where pools_by_class says so;
 //  - it passes the figures of the moment (reserved bytes, allocations made, the pool's misses
 //    since the workload settled, the device's memory): this component reads nothing else;
 //  - it carries out each answer exactly: a range of range_size's bytes (then, when refused, of
@@ -90,6 +92,10 @@ class vmm_growth {
   std::size_t smaller_range_size(std::size_t refused, std::size_t needed) const noexcept {
     return rules_.stitches && refused > needed ? needed : 0;
   }
+
+  /// Whether large requests go to one pool per size class (stitch_size_class; the allocator's
+  /// pool_for): stitch. The others keep one large pool per stream.
+  bool pools_by_class() const noexcept { return rules_.stitches; }
 
   /// Whether a pool borrows free blocks of its stream's other pools (borrow_block): stitch's
   /// size-class pools, not its small pool; never under expandable.
