@@ -1265,7 +1265,8 @@ TEST_F(Installed, LegacySegmentsLeavePrivatePoolsAndClassicAlone) {
 
 // PyTorch's expandable-segment handle: version 2 (torch 2.12 and older) or 3, 'e', {pid, 4 zero
 // bytes, page size, pages}, from version 3 {handle type (1: POSIX file descriptors), 4 padding
-// bytes}, then one int (a file descriptor of the producer) per page.
+// bytes}, then one int (a file descriptor of the producer) per page, or with handle type 2 one
+// 64-byte fabric handle per page.
 struct vmm_handle {
   int version = 0;
   char type = 0;
@@ -1274,13 +1275,16 @@ struct vmm_handle {
   std::uint64_t page_size = 0;
   std::uint64_t pages = 0;
   std::int32_t handle_type = 0;  // version 3
-  std::vector<int> fds;
+  std::size_t header = 0;        // 0: too short to be a handle
+  std::size_t payload = 0;       // the bytes after the header
+  std::vector<int> fds;          // parse_vmm_handle only
 };
 
 // The version PyTorch's allocator of the torch under test writes and reads.
 constexpr int pytorchs_vmm_handle_version = GPUMEM_TORCH_AT_LEAST(2, 13) ? 3 : 2;
 
-vmm_handle parse_vmm_handle(const std::string& h) {
+// The header of any 'e' handle, whatever its payload.
+vmm_handle parse_vmm_header(const std::string& h) {
   vmm_handle out;
   if (h.size() < 26) {
     ADD_FAILURE() << "a handle of " << h.size() << " bytes";
@@ -1292,13 +1296,21 @@ vmm_handle parse_vmm_handle(const std::string& h) {
   std::memcpy(&out.zero, h.data() + 6, 4);
   std::memcpy(&out.page_size, h.data() + 10, 8);
   std::memcpy(&out.pages, h.data() + 18, 8);
-  std::size_t header = 26;
+  out.header = 26;
   if (out.version == 3) {
     std::memcpy(&out.handle_type, h.data() + 26, 4);
-    header += 8;
+    out.header += 8;
   }
-  EXPECT_EQ(h.size(), header + 4 * out.pages);
-  for (std::size_t i = header; i + 4 <= h.size(); i += 4) {
+  out.payload = h.size() - std::min(h.size(), out.header);
+  return out;
+}
+
+// A handle of POSIX file descriptors: the header and one descriptor per page.
+vmm_handle parse_vmm_handle(const std::string& h) {
+  vmm_handle out = parse_vmm_header(h);
+  if (out.header == 0) return out;
+  EXPECT_EQ(h.size(), out.header + 4 * out.pages);
+  for (std::size_t i = out.header; i + 4 <= h.size(); i += 4) {
     std::int32_t fd = 0;
     std::memcpy(&fd, h.data() + i, 4);
     out.fds.push_back(fd);
@@ -1520,30 +1532,10 @@ class FabricHandles : public ::testing::Test {
   }
 };
 
-// The header of an 'e' handle and its payload of 64-byte fabric handles.
-struct fabric_vmm_handle {
-  int version = 0;
-  std::int32_t handle_type = 0;  // version 3
-  std::uint64_t page_size = 0;
-  std::uint64_t pages = 0;
-  std::size_t payload = 0;
-};
-
-fabric_vmm_handle parse_fabric_handle(const std::string& h) {
-  fabric_vmm_handle out;
-  if (h.size() < 26 || h[1] != 'e') {
-    ADD_FAILURE() << "not an expandable-segment handle";
-    return out;
-  }
-  out.version = h[0];
-  std::memcpy(&out.page_size, h.data() + 10, 8);
-  std::memcpy(&out.pages, h.data() + 18, 8);
-  std::size_t header = 26;
-  if (out.version == 3) {
-    std::memcpy(&out.handle_type, h.data() + 26, 4);
-    header += 8;
-  }
-  out.payload = h.size() - header;
+// An 'e' handle whose payload is 64-byte fabric handles (read by the tests from its size).
+vmm_handle parse_fabric_handle(const std::string& h) {
+  vmm_handle out = parse_vmm_header(h);
+  if (out.header != 0 && out.type != 'e') ADD_FAILURE() << "not an expandable-segment handle";
   return out;
 }
 
@@ -1552,7 +1544,7 @@ TEST_F(FabricHandles, VmmMemoryIsSharedAsFabricHandlesThatAnotherProcessOpens) {
   void* keep = c10_alloc::raw_alloc(4096);
   void* p = c10_alloc::raw_alloc(size);
   const c10_alloc::ShareableHandle shared = c10_alloc::shareIpcHandle(p);
-  const fabric_vmm_handle h = parse_fabric_handle(shared.handle);
+  const vmm_handle h = parse_fabric_handle(shared.handle);
   EXPECT_EQ(h.version, pytorchs_vmm_handle_version);
   if (h.version == 3) {
     EXPECT_EQ(h.handle_type, 2);  // PyTorch's FABRIC_HANDLE
@@ -1612,7 +1604,7 @@ TEST(FabricFollowsPyTorch, PyTorchsHandleTypeSetFromCppIsFollowed) {
   // POSIX_FD.
   if (env("GPUMEM_TORCH_TEST_MODE") != "fabric_pytorch_posix_fd") GTEST_SKIP() << "its own mode";
   void* p = c10_alloc::raw_alloc(3 * MiB);
-  const fabric_vmm_handle h = parse_fabric_handle(c10_alloc::shareIpcHandle(p).handle);
+  const vmm_handle h = parse_fabric_handle(c10_alloc::shareIpcHandle(p).handle);
   if (h.version == 3) {
     EXPECT_EQ(h.handle_type, 1);  // POSIX_FD
   }
