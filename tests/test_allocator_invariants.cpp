@@ -43,6 +43,10 @@ class AllocatorInvariants : public ::testing::Test {
   bool no_split_ = false;
   bool with_lender_ = false;
   int borrowed_ = 0;  // allocations of the first allocator the lender served
+  // The sequence run this many times, as the steps of a loop (everything freed and the streams'
+  // work completed between steps): stitch then places each step's requests where the step before
+  // placed them (step_placement), and the checker runs after each of those too.
+  int steps_ = 1;
 
   // One randomized sequence; returns the number of operations that hit out_of_memory.
   int run_sequence(std::uint64_t seed, const std::string& extra, int operations) {
@@ -81,7 +85,13 @@ class AllocatorInvariants : public ::testing::Test {
             return 512 * (1 + rng() % 64);
         }
       };
-      for (int op = 0; op < operations; ++op) {
+      for (int op = 0; op < operations * steps_; ++op) {
+        if (op % operations == 0 && op != 0) {  // the next step: the same sequence again
+          for (void* p : live) owner(p).deallocate(p);
+          live.clear();
+          dev.complete_all();
+          rng.seed(seed);
+        }
         const unsigned kind = static_cast<unsigned>(rng() % 100);
         if (kind < 50 || live.empty()) {
           allocator& to = lender && rng() % 4 == 0 ? *lender : a;
@@ -173,6 +183,10 @@ TYPED_TEST(AllocatorInvariants, OutOfMemoryFallbackToALender) {
   this->with_lender_ = true;
   this->run_many("");
   EXPECT_GT(this->borrowed_, 0);
+}
+TYPED_TEST(AllocatorInvariants, RepeatedSteps) {
+  this->steps_ = 4;
+  this->run_many("stitch_step_match:16");
 }
 TYPED_TEST(AllocatorInvariants, EverythingAtOnce) {
   this->run_many(

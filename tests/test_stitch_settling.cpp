@@ -36,27 +36,30 @@ void run_step(allocator& a, const gpumem::allocation_trace& trace) {
   for (auto& [address, p] : live) a.deallocate(p);
 }
 
+// `name`: a path under examples/traces, with ".trace" added where it has no extension.
 gpumem::replay_result replay_steps(const std::string& name, const std::string& config,
                                    std::size_t steps) {
   gpumem::replay_options o;
   o.config = gpumem::allocator_config::parse(config);
   o.steps = steps;
   o.check_invariants = true;
-  return gpumem::replay_trace(gpumem::compile_trace(gpumem::read_trace(
-                                  std::string(GPUMEM_EXAMPLE_TRACES "/") + name + ".trace")),
-                              o);
+  const std::string pickle = ".pickle";
+  const bool has_extension = name.size() > pickle.size() &&
+                             name.compare(name.size() - pickle.size(), pickle.size(), pickle) == 0;
+  return gpumem::replay_trace(
+      gpumem::compile_trace(gpumem::read_trace(std::string(GPUMEM_EXAMPLE_TRACES "/") + name +
+                                               (has_extension ? "" : ".trace"))),
+      o);
 }
 
-// Every bundled trace, twelve training steps in a row: stitch never waits for the GPU (free pages
-// are mapped at a second address, never moved), and once the steps repeat it makes no device
-// call at all — from the third step on, except the 3D U-Net, whose large classes still share
-// pages until the sixth (bench/README.md, "Stitch in the steady state"). Reserved memory:
-// within 2% of the peak requested in the first step; over all twelve within 2% + 4 MiB where the
-// trace meets that bound (the steady-state goal), within 3% on ResNet-50, which does not yet.
+// Every bundled trace and real snapshot, twelve training steps in a row: stitch never waits for
+// the GPU (free pages are mapped at a second address, never moved), and from the third step on it
+// makes no device call at all: by then it has found the loop's period and places each request
+// where the same request of the step before went (step_placement). Reserved memory: within 2% of
+// the peak requested in the first step, and over all twelve within 2% + 4 MiB.
 struct settling_case {
   const char* trace;
   std::size_t quiet_from;  // the first step (1-based) that makes no device call
-  double bound = 1.02;     // reserved over twelve steps <= bound x peak requested + 4 MiB
 };
 
 class StitchSteadyState : public ::testing::TestWithParam<settling_case> {};
@@ -76,7 +79,7 @@ TEST_P(StitchSteadyState, NoHostWaitEverAndNoDeviceCallOnceTheStepsRepeat) {
       EXPECT_EQ(r.steps[s].device_calls(), 0u);
     }
   }
-  EXPECT_LE(static_cast<double>(r.peak_reserved), c.bound * peak + 4.0 * MiB);
+  EXPECT_LE(static_cast<double>(r.peak_reserved), 1.02 * peak + 4.0 * MiB);
 }
 
 // Test names from the traces' (gtest's macro takes a functor; a lambda there trips -Wshadow).
@@ -88,16 +91,36 @@ struct trace_name {
   }
 };
 
-INSTANTIATE_TEST_SUITE_P(BundledTraces, StitchSteadyState,
-                         ::testing::Values(settling_case{"gpt2-small-b4-s512", 3},
-                                           settling_case{"gpt2-small-b4-s512-ckpt", 3},
-                                           settling_case{"llama-tiny-b4-s512-accum2", 3},
-                                           settling_case{"llama3.2-1b-bf16-b2-s1024", 3},
-                                           settling_case{"resnet50-b32", 3, 1.03},
-                                           settling_case{"workloads/calibration_layers", 2},
-                                           settling_case{"workloads/conv3d_training", 7},
-                                           settling_case{"workloads/offload_streams", 3}),
-                         trace_name());
+INSTANTIATE_TEST_SUITE_P(
+    BundledTraces, StitchSteadyState,
+    ::testing::Values(settling_case{"gpt2-small-b4-s512", 3},
+                      settling_case{"gpt2-small-b4-s512-ckpt", 3},
+                      settling_case{"llama-tiny-b4-s512-accum2", 3},
+                      settling_case{"llama3.2-1b-bf16-b2-s1024", 3},
+                      settling_case{"resnet50-b32", 2},
+                      settling_case{"workloads/calibration_layers", 2},
+                      settling_case{"workloads/conv3d_training", 3},
+                      settling_case{"workloads/offload_streams", 3},
+                      settling_case{"real/opt-inference-oom-state.pickle", 2},
+                      settling_case{"real/opt-zeroth-order-finetune.pickle", 3},
+                      settling_case{"real/transformer-forward-bf16.pickle", 2}),
+    trace_name());
+
+// What placement by the step before buys: without it (stitch_step_match:0) the 3D U-Net's large
+// classes keep sharing pages until its sixth step, and ResNet-50's recurring misses create pages
+// beyond the memory bound in its second step.
+TEST(StitchSettling, PlacementByTheStepBeforeSettlesWhatSharingAloneDoesNot) {
+  for (const char* config : {"policy:stitch", "policy:stitch,stitch_step_match:0"}) {
+    SCOPED_TRACE(config);
+    const bool planned = std::string(config) == "policy:stitch";
+    const gpumem::replay_result unet = replay_steps("workloads/conv3d_training", config, 6);
+    ASSERT_TRUE(unet.completed);
+    EXPECT_EQ(unet.steps[3].device_calls() == 0, planned);
+    const gpumem::replay_result resnet = replay_steps("resnet50-b32", config, 3);
+    ASSERT_TRUE(resnet.completed);
+    EXPECT_EQ(resnet.peak_reserved == resnet.steps[0].peak_reserved, planned);
+  }
+}
 
 std::size_t count_events(const gpumem::allocation_trace& trace, gpumem::trace_event_kind kind) {
   std::size_t n = 0;
@@ -123,6 +146,66 @@ TEST(StitchSettling, OffloadingOverTenStreamsNeverWaitsOnTheHost) {
   const gpumem::replay_result classic =
       replay_steps("workloads/offload_streams", "policy:classic", 1);
   EXPECT_GT(static_cast<double>(classic.peak_reserved), 2 * static_cast<double>(r.peak_reserved));
+}
+
+// A step whose planned address is still in use: a block live at the end of one step is kept
+// (its free skipped), so the same request of the next step must go elsewhere, without
+// overlapping it; the other requests still follow the step before.
+TEST(StitchSettling, APlannedAddressStillInUseIsNotHandedOutAgain) {
+  const auto trace = gpumem::read_trace(GPUMEM_EXAMPLE_TRACES "/gpt2-small-b4-s512.trace");
+  simulated_device dev{device_options(80 * GiB)};
+  allocator a(dev, config("policy:stitch"));
+  struct step_result {
+    std::vector<std::uintptr_t> placed;  // each allocation's address, in order
+    std::vector<std::size_t> sizes;
+    std::vector<std::size_t> live_at_end;  // allocations the trace leaves live
+  };
+  // One step; the allocation `keep` (if live at the end) is not freed.
+  auto step = [&](std::size_t keep) {
+    step_result r;
+    std::unordered_map<std::uint64_t, std::size_t> live;  // trace address -> allocation index
+    for (const auto& e : trace.events) {
+      if (e.kind == gpumem::trace_event_kind::alloc) {
+        live[e.address] = r.placed.size();
+        r.placed.push_back(
+            reinterpret_cast<std::uintptr_t>(a.allocate(static_cast<std::size_t>(e.size))));
+        r.sizes.push_back(static_cast<std::size_t>(e.size));
+      } else if (e.kind == gpumem::trace_event_kind::free_completed ||
+                 e.kind == gpumem::trace_event_kind::free_requested) {
+        auto it = live.find(e.address);
+        if (it == live.end()) continue;
+        a.deallocate(reinterpret_cast<void*>(r.placed[it->second]));
+        live.erase(it);
+      }
+    }
+    for (auto& [address, index] : live) {
+      r.live_at_end.push_back(index);
+      if (index != keep) a.deallocate(reinterpret_cast<void*>(r.placed[index]));
+    }
+    return r;
+  };
+  const std::size_t none = ~std::size_t{0};
+  step(none);
+  step(none);
+  const step_result third = step(none);
+  ASSERT_FALSE(third.live_at_end.empty());
+  const std::size_t keep = third.live_at_end.front();
+  const step_result fourth = step(keep);
+  EXPECT_EQ(fourth.placed, third.placed);  // the fourth step follows the third
+  const step_result fifth = step(none);
+  const std::uintptr_t kept = fourth.placed[keep];
+  EXPECT_NE(fifth.placed[keep], kept);
+  for (std::uintptr_t p : fifth.placed) {
+    EXPECT_FALSE(p >= kept && p < kept + fourth.sizes[keep]) << p;
+  }
+  std::size_t same = 0;
+  for (std::size_t i = 0; i < fifth.placed.size(); ++i) same += fifth.placed[i] == fourth.placed[i];
+  // The displaced request takes the best fit, which may be a later request's planned block, and
+  // so on: a few requests move (176 of 1,750 here), the rest follow the step before.
+  EXPECT_GT(same, fifth.placed.size() * 3 / 4);
+  a.check_invariants();
+  a.deallocate(reinterpret_cast<void*>(kept));
+  a.check_invariants();
 }
 
 // A program that calls empty_cache between batches: each call waits once for the streams' work

@@ -128,6 +128,8 @@ struct allocator_config {
   std::uint32_t stitch_recurring_misses = 3;
   /// stitch_settled_allocations.
   std::uint64_t stitch_settled_allocations = 1024;
+  /// stitch_step_match.
+  std::uint64_t stitch_step_match = 64;
   /// oom_snapshot: the directory the LibTorch adapter writes a snapshot into before it raises an
   /// out-of-memory error (gpumem/torch/oom_snapshot.hpp). "" = off.
   std::string oom_snapshot;
@@ -716,7 +718,7 @@ constexpr config_key_handlers segment_bound_handlers(
 
 // Every key: PyTorch 2.11's (AcceleratorAllocatorConfig's and CUDAAllocatorConfig's), then
 // gpumem's. The order is to_string()'s and that of the known keys in error messages.
-inline constexpr std::array<config_key, 24> config_keys{{
+inline constexpr std::array<config_key, 25> config_keys{{
     {"backend",
      "",
      config_key_origin::pytorch,
@@ -950,6 +952,17 @@ inline constexpr std::array<config_key, 24> config_keys{{
       "settled",
       "`policy:stitch`"},
      count_handlers<&allocator_config::stitch_settled_allocations>()},
+    {"stitch_step_match",
+     "",
+     config_key_origin::gpumem,
+     /*applied_first=*/false,
+     {closed(0.0, 65536.0), /*power_of_two=*/false, /*zero_is_unset=*/false,
+      "must be from 0 to 65536", "", "must be from 0 to 65536"},
+     {"`64`", "0 to 65536",
+      "Requests in a row equal to those one step earlier after which each is placed where that "
+      "one went (0: never)",
+      "`policy:stitch`"},
+     count_handlers<&allocator_config::stitch_step_match>()},
     {"oom_snapshot",
      "",
      config_key_origin::gpumem,
@@ -1181,7 +1194,8 @@ inline std::vector<std::string> allocator_config::notes() const {
                           stitch_settle_limit != defaults.stitch_settle_limit ||
                           stitch_recurring_limit != defaults.stitch_recurring_limit ||
                           stitch_recurring_misses != defaults.stitch_recurring_misses ||
-                          stitch_settled_allocations != defaults.stitch_settled_allocations;
+                          stitch_settled_allocations != defaults.stitch_settled_allocations ||
+                          stitch_step_match != defaults.stitch_step_match;
   if (stitch_set && effective_policy(true) != allocator_policy::stitch) {
     lines.emplace_back("the stitch_* keys have no effect: the policy is " +
                        std::string(gpumem::to_string(effective_policy(true))));

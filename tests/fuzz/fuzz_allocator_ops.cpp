@@ -4,8 +4,10 @@
 // Input: byte 0 = n, then n pairs (key, value) that make the configuration string: each key byte
 // picks one of gpumem's keys, each value byte a value from a list of edge cases (0, 1, the
 // thresholds, 2^44 - 1 MiB, 2^64 - 1, fractions, True/False, lists, policies) — a string that does
-// not parse ends the input. Then one byte picks the fault rule and the device size, then 3 bytes
-// per operation (kind, two bytes of argument).
+// not parse ends the input. Then one byte picks the fault rule, the device size and how many
+// times the operations run (1 to 4, as the steps of a loop: what is live at the end of a step is
+// freed, so stitch's placement by the step before is offered its previous step's addresses),
+// then 3 bytes per operation (kind, two bytes of argument).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -29,7 +31,8 @@ constexpr const char* keys[] = {"policy",
                                 "per_process_memory_fraction",
                                 "expandable_segments",
                                 "pinned_num_register_threads",
-                                "pinned_reserve_segment_size_mb"};
+                                "pinned_reserve_segment_size_mb",
+                                "stitch_step_match"};
 constexpr const char* values[] = {"classic",
                                   "expandable",
                                   "stitch",
@@ -113,38 +116,46 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* input, std::size_t inp
   {
     gpumem::caching_allocator<gpumem::simulated_device> a(dev, config);
     std::vector<void*> live;
-    for (std::size_t i = 1; i + 2 < size; i += 3) {
-      const std::uint8_t kind = data[i] % 8;
-      const std::size_t arg = static_cast<std::size_t>(data[i + 1]) << 8 | data[i + 2];
-      try {
-        switch (kind) {
-          case 0:
-          case 1:
-          case 2:  // sizes from 1 B to ~200 MiB, most of them small
-            live.push_back(a.allocate(1 + (arg * arg * 47) % (200 * MiB), streams[arg & 1]));
-            break;
-          case 3:
-          case 4:
-            if (!live.empty()) {
-              const std::size_t k = arg % live.size();
-              a.deallocate(live[k]);
-              live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
-            }
-            break;
-          case 5:
-            if (!live.empty()) a.record_stream(live[arg % live.size()], streams[1]);
-            break;
-          case 6:
-            dev.complete_stream(streams[arg & 1]);
-            break;
-          default:
-            a.empty_cache();
-            break;
+    const int steps = 1 + (data[0] >> 6);
+    for (int step = 0; step < steps; ++step) {
+      for (std::size_t i = 1; i + 2 < size; i += 3) {
+        const std::uint8_t kind = data[i] % 8;
+        const std::size_t arg = static_cast<std::size_t>(data[i + 1]) << 8 | data[i + 2];
+        try {
+          switch (kind) {
+            case 0:
+            case 1:
+            case 2:  // sizes from 1 B to ~200 MiB, most of them small
+              live.push_back(a.allocate(1 + (arg * arg * 47) % (200 * MiB), streams[arg & 1]));
+              break;
+            case 3:
+            case 4:
+              if (!live.empty()) {
+                const std::size_t k = arg % live.size();
+                a.deallocate(live[k]);
+                live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+              }
+              break;
+            case 5:
+              if (!live.empty()) a.record_stream(live[arg % live.size()], streams[1]);
+              break;
+            case 6:
+              dev.complete_stream(streams[arg & 1]);
+              break;
+            default:
+              a.empty_cache();
+              break;
+          }
+        } catch (const gpumem::out_of_memory&) {
+        } catch (const gpumem::cuda_error&) {  // an injected fault the allocator reports
         }
-      } catch (const gpumem::out_of_memory&) {
-      } catch (const gpumem::cuda_error&) {  // an injected fault the allocator reports
+        a.check_invariants();  // throws std::logic_error on a violation: a finding
       }
-      a.check_invariants();  // throws std::logic_error on a violation: a finding
+      if (step + 1 < steps) {
+        for (void* p : live) a.deallocate(p);
+        live.clear();
+        a.check_invariants();
+      }
     }
     dev.set_faults({});
     for (void* p : live) a.deallocate(p);

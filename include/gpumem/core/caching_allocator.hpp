@@ -55,6 +55,7 @@
 #include "gpumem/core/detail/shared_pages.hpp"
 #include "gpumem/core/detail/spin_mutex.hpp"
 #include "gpumem/core/detail/split_rules.hpp"
+#include "gpumem/core/detail/step_placement.hpp"
 #include "gpumem/core/detail/stitch_policy.hpp"
 #include "gpumem/core/detail/vmm_growth.hpp"
 #include "gpumem/core/detail/vmm_pages.hpp"
@@ -229,7 +230,11 @@ class caching_allocator {
   /// Throws config_error when a setting is out of range (allocator_config::validate).
   explicit caching_allocator(Device& device,
                              allocator_config config = allocator_config::from_environment())
-      : device_(device), config_(std::move(config)), vmm_(device), growth_(rules_, config_, 0) {
+      : device_(device),
+        config_(std::move(config)),
+        vmm_(device),
+        growth_(rules_, config_, 0),
+        steps_(config_.stitch_step_match) {
     config_.validate();
     policy_ = config_.effective_policy(is_vmm_device_v<Device>);
     rules_ = detail::policy_rules::of(policy_);
@@ -311,6 +316,7 @@ class caching_allocator {
 
     const std::size_t rounded = detail::round_size(size, config_.divisions_for(size));
     pool_type& p = pool_for(lookup_pools(stream), rounded);
+    if (rules_.stitches && steps_.enabled()) return allocate_as_planned(p, rounded, size, stream);
     block_type* b = get_free_block(p, rounded);
     if (b == nullptr) {
       b = allocate_new_block(p, size, rounded);
@@ -1069,19 +1075,27 @@ class caching_allocator {
     }
     pool_type& p = *b->owner;
     p.index.erase(b);
+    alloc_found_block(cut_out(b, cb.address, cb.size), p, cb.size, cb.size);
+    return b;
+  }
+
+  // Cuts [at, at + size) out of free block b, taken out of its pool's index (the range lies within
+  // b): the pieces before and after go back to the index and the split counts follow
+  // (split_rules::on_cut). Returns b, now exactly that range, to be handed out whole.
+  block_type* cut_out(block_type* b, std::uintptr_t at, std::size_t size) {
+    pool_type& p = *b->owner;
     const bool was_split = b->is_split();
     const std::size_t whole = b->size;
     int pieces = 1;
-    if (b->ptr < cb.address) {
-      index_insert(p, cut_low(b, cb.address));
+    if (b->ptr < at) {
+      index_insert(p, cut_low(b, at));
       ++pieces;
     }
-    if (b->ptr + b->size > cb.address + cb.size) {
-      index_insert(p, cut(b, cb.address + cb.size));
+    if (b->ptr + b->size > at + size) {
+      index_insert(p, cut(b, at + size));
       ++pieces;
     }
     count_inactive_split(p.is_small, splits_.on_cut(pieces, was_split, whole));
-    alloc_found_block(b, p, cb.size, cb.size);
     return b;
   }
 
@@ -1096,6 +1110,7 @@ class caching_allocator {
     auto sp = std::make_unique<pools_type>();
     sp->small.stream = sp->large.stream = stream;
     sp->small.is_small = true;
+    sp->serial = stream_pools_.size();
     stream_pools_.push_back(std::move(sp));
     return *(last_pools_ = stream_pools_.back().get());
   }
@@ -1120,6 +1135,73 @@ class caching_allocator {
     if (!p.is_small) b->gc_count_base = large_free_lookups_;
     p.index.insert(b);
     if (p.free_bound != nullptr && *p.free_bound < b->size) *p.free_bound = b->size;
+  }
+
+  // Stitch: allocate's path, offering first the block the request one step before had
+  // (step_placement.hpp).
+  void* allocate_as_planned(pool_type& p, std::size_t rounded, std::size_t size,
+                            stream_type stream) {
+    using placement = typename detail::step_placement<pool_type>::placement;
+    const placement* plan = steps_.next(rounded, lookup_pools(p.stream).serial);
+    placement where;
+    block_type* b = plan != nullptr ? place_as_planned(p, rounded, *plan, where) : nullptr;
+    if (b == nullptr) {
+      b = get_free_block(p, rounded);
+      if (b == nullptr) b = allocate_new_block(p, size, rounded);
+      if (b == nullptr) return std::exchange(fallback_ptr_, nullptr);  // served elsewhere
+      where = placement{b->owner, b->ptr, b->ptr, b->size};
+    }
+    void* ptr = hand_out(b, rounded, size, stream);
+    steps_.record(where);
+    return ptr;
+  }
+
+  // The block the request one step before had, cut out of the free block that holds it now, or
+  // nullptr when that is not wholly free and usable (in use, shadowed, waiting for a stream's
+  // work, unmapped), during a capture, or not found quickly: the free block it was cut from
+  // then, by size and address in the pool's index, else a walk of at most k_plan_walk blocks
+  // from the first block of its range.
+  static constexpr int k_plan_walk = 1024;
+  block_type* place_as_planned(pool_type& p, std::size_t rounded,
+                               const typename detail::step_placement<pool_type>::placement& plan,
+                               typename detail::step_placement<pool_type>::placement& where) {
+    if (plan.pool->stream != p.stream || captures_underway_ != 0) return nullptr;
+    pool_type& owner = *plan.pool;
+    const std::uintptr_t at = plan.ptr;
+    // A block on shared pages that other ranges hold is shadowed in part, the rest back in the
+    // index: then look again, once per shadowing.
+    for (int looks = 0; looks < 4; ++looks) {
+      block_type* b = owner.index.find(plan.free_size, plan.free_ptr);
+      if (b == nullptr || at < b->ptr || at + rounded > b->ptr + b->size) {
+        b = free_block_at(owner, at);
+      }
+      if (b == nullptr || b->ptr + b->size < at + rounded) return nullptr;
+      if (b->size > rounded && b->size >= config_.max_split_size) return nullptr;  // never split
+      owner.index.erase(b);
+      if (b->seg->shared_pages != 0 && !usable_despite_sharing(b)) {
+        restore_set_aside(nullptr);
+        continue;
+      }
+      where = {&owner, at, b->ptr, b->size};
+      // Exactly the planned block: what is after it may be the next request's plan.
+      return cut_out(b, at, rounded);
+    }
+    return nullptr;
+  }
+
+  // The indexed (free, mapped, usable) block of pool p that holds address `at`, found by a walk
+  // of at most k_plan_walk blocks from the first of its range; nullptr otherwise.
+  block_type* free_block_at(pool_type& p, std::uintptr_t at) noexcept {
+    for (segment_type* s = segments_; s != nullptr; s = s->next) {
+      if (s->owner != &p || at < s->ptr || at >= s->ptr + s->size) continue;
+      int walked = 0;
+      for (block_type* b = s->head; b != nullptr && walked < k_plan_walk; b = b->next, ++walked) {
+        if (at >= b->ptr + b->size) continue;
+        return b->indexed && allocatable(b) && b->mapped ? b : nullptr;
+      }
+      return nullptr;
+    }
+    return nullptr;
   }
 
   // --- the classic policy ------------------------------------------------------------------------
@@ -2215,6 +2297,7 @@ class caching_allocator {
   std::vector<detail::page_id> page_scratch_;    // map_block's list of pages
   std::vector<detail::page_id> shared_scratch_;  // acquire_pages' list of free pages to share
   detail::vmm_growth growth_;  // what expandable and stitch decide on a miss (vmm_growth.hpp)
+  detail::step_placement<pool_type> steps_;       // stitch: where each request one step before went
   detail::event_reporter<stream_type> reporter_;  // the observer, its error, the reserved view
   out_of_memory_fallback oom_fallback_;           // set_out_of_memory_fallback
   void* fallback_ptr_ = nullptr;                  // what oom_fallback_ gave the current miss

@@ -76,6 +76,17 @@ class free_block_index {
     return c < k_num_classes ? treap_min(roots_[c]) : nullptr;
   }
 
+  /// The indexed block of exactly `size` bytes at `address`, or nullptr.
+  block_type* find(std::size_t size, std::uintptr_t address) const noexcept {
+    if (size == 0) return nullptr;
+    for (block_type* t = roots_[class_of(size)]; t != nullptr;) {
+      if (t->size == size && t->ptr == address) return t;
+      const bool go_left = size != t->size ? size < t->size : address < t->ptr;
+      t = go_left ? t->left : t->right;
+    }
+    return nullptr;
+  }
+
   /// The block after indexed block `b` in (size, address) order, or nullptr.
   block_type* next(const block_type* b) const noexcept {
     block_type* after = nullptr;

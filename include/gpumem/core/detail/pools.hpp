@@ -88,6 +88,9 @@ struct stream_pools {
   // every insert, lowered when a lookup finds nothing, so borrow_block skips a class that cannot
   // lend without searching its index (a stream has dozens of classes; most cannot lend).
   std::array<std::size_t, k_stitch_classes> free_bound{};
+  // Its place among the allocator's streams, in the order of their first request (stable from
+  // run to run, unlike addresses: stitch's step_placement keys requests by it).
+  std::size_t serial = 0;
 
   /// Visits every pool of the stream: large, small, then the stitch classes.
   template <class F>
