@@ -52,6 +52,13 @@ offers run(placement_type& p, const std::vector<std::size_t>& step, std::size_t 
   return o;
 }
 
+// A placement that has followed `steps` steps of `step` (and must have confirmed its period).
+void follow(placement_type& p, const std::vector<std::size_t>& step, std::size_t steps,
+            fake_pool& pool) {
+  run(p, step, steps, pool);
+  ASSERT_TRUE(p.confirmed());
+}
+
 TEST(StepPlacement, FindsTheStepOfALoopWithRepeatedLayers) {
   placement_type p(64);
   fake_pool pool;
@@ -88,8 +95,7 @@ TEST(StepPlacement, ARequestThatDiffersGetsNoOfferAndTheLoopGoesOn) {
   placement_type p(64);
   fake_pool pool;
   const std::vector<std::size_t> step = training_step(4);
-  run(p, step, 3, pool);
-  ASSERT_TRUE(p.confirmed());
+  follow(p, step, 3, pool);
   std::vector<std::size_t> changed = step;
   changed[30] += 512;  // one request of another size this step
   const offers o = run(p, changed, 1, pool);
@@ -102,11 +108,9 @@ TEST(StepPlacement, ARequestThatDiffersGetsNoOfferAndTheLoopGoesOn) {
 TEST(StepPlacement, StreamsAreToldApart) {
   placement_type p(16);
   fake_pool pool;
-  const std::vector<std::size_t> step = training_step(2);
-  run(p, step, 3, pool);
-  ASSERT_TRUE(p.confirmed());
+  follow(p, training_step(2), 3, pool);
   // The same size on another stream is another request: no offer.
-  EXPECT_EQ(p.next(step[0], 1), nullptr);
+  EXPECT_EQ(p.next(training_step(2)[0], 1), nullptr);
 }
 
 TEST(StepPlacement, MatchZeroIsOff) {
