@@ -315,8 +315,11 @@ class caching_allocator {
     }
 
     const std::size_t rounded = detail::round_size(size, config_.divisions_for(size));
-    pool_type& p = pool_for(lookup_pools(stream), rounded);
-    if (rules_.stitches && steps_.enabled()) return allocate_as_planned(p, rounded, size, stream);
+    pools_type& sp = lookup_pools(stream);
+    pool_type& p = pool_for(sp, rounded);
+    if (rules_.stitches && steps_.enabled()) {
+      return allocate_as_planned(p, sp.serial, rounded, size, stream);
+    }
     block_type* b = get_free_block(p, rounded);
     if (b == nullptr) {
       b = allocate_new_block(p, size, rounded);
@@ -1139,10 +1142,10 @@ class caching_allocator {
 
   // Stitch: allocate's path, offering first the block the request one step before had
   // (step_placement.hpp).
-  void* allocate_as_planned(pool_type& p, std::size_t rounded, std::size_t size,
-                            stream_type stream) {
+  void* allocate_as_planned(pool_type& p, std::size_t stream_serial, std::size_t rounded,
+                            std::size_t size, stream_type stream) {
     using placement = typename detail::step_placement<pool_type>::placement;
-    const placement* plan = steps_.next(rounded, lookup_pools(p.stream).serial);
+    const placement* plan = steps_.next(rounded, stream_serial);
     placement where;
     block_type* b = plan != nullptr ? place_as_planned(p, rounded, *plan, where) : nullptr;
     if (b == nullptr) {
