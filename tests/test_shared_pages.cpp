@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <set>
 #include <stdexcept>
 #include <vector>
@@ -135,6 +136,75 @@ TEST(SharedPages, InteriorPagesCountsWholePagesOnly) {
   EXPECT_EQ(sharing::interior_pages(high), 7u);
   high->mapped = false;
   EXPECT_EQ(sharing::interior_pages(high), 0u);
+}
+
+// The free pages a miss may share, in stitch_policy::shared_before's order: the request's own
+// stream first, free the longest first; another stream's largest first; none held by another
+// range. Five ranges of one pool, each with one free block, and a sixth (the target) to share into.
+TEST(SharedPages, CollectFreeTakesTheSourcesInSharingOrder) {
+  gpumem::detail::object_pool<sim_block> slab;
+  std::vector<std::unique_ptr<gpumem::detail::stream_pools<sim_stream>>> streams;
+  streams.push_back(std::make_unique<gpumem::detail::stream_pools<sim_stream>>());
+  streams.push_back(std::make_unique<gpumem::detail::stream_pools<sim_stream>>());
+  gpumem::simulated_device dev{device_options(GiB)};
+  const sim_stream mine = dev.create_stream();
+  const sim_stream other = dev.create_stream();
+  streams[0]->large.stream = mine;
+  streams[1]->large.stream = other;
+  std::vector<sim_segment> ranges(6);
+  struct shape {
+    std::size_t pages;
+    std::uint64_t freed_at;
+    int stream;  // index into streams
+  };
+  // Range i: `pages` pages with page ids 10 * i + 1 ..., all one free block.
+  const shape shapes[5] = {{2, 30, 0}, {3, 10, 0}, {2, 10, 0}, {1, 5, 1}, {4, 50, 1}};
+  gpumem::detail::page_id next_id = 1;
+  for (std::size_t i = 0; i < 6; ++i) {
+    sim_segment& s = ranges[i];
+    const std::size_t n = i < 5 ? shapes[i].pages : 4;
+    s.ptr = base + i * 16 * page;
+    s.size = n * page;
+    s.page_size = page;
+    for (std::size_t k = 0; k < n; ++k) s.pages.push_back(next_id++);
+    if (i == 5) break;  // the target maps its own pages, none free
+    sim_pool& pool = streams[static_cast<std::size_t>(shapes[i].stream)]->large;
+    s.owner = &pool;
+    s.stream = pool.stream;
+    sim_block* b = slab.create(s.ptr, s.size, &pool, &s);
+    b->freed_at = shapes[i].freed_at;
+    s.head = b;
+    pool.index.insert(b);
+  }
+  sim_segment& target = ranges[5];
+  target.stream = mine;
+  struct page_table {
+    std::set<gpumem::detail::page_id> held;  // held by some other range
+    bool held_elsewhere(const sim_segment& s, std::size_t i) const {
+      return held.count(s.pages[i]) != 0;
+    }
+    bool mapped_in(gpumem::detail::page_id, const sim_segment&) const { return false; }
+    bool would_order(gpumem::detail::page_id, const sim_stream&) const { return false; }
+  } pages;
+  pages.held.insert(ranges[1].pages[1]);  // the middle page of range 1 is used elsewhere
+  std::vector<gpumem::detail::page_id> out;
+  sharing::collect_free(pages, streams, target, 100, false, out);
+  // Own stream by freed_at (10: range 1, 3 pages, before range 2, 2 pages; then range 0 at 30),
+  // then the other stream's largest first (range 4, then range 3).
+  std::vector<gpumem::detail::page_id> expected = {ranges[1].pages[0], ranges[1].pages[2]};
+  for (std::size_t r : {2, 0, 4, 3}) {
+    for (gpumem::detail::page_id id : ranges[r].pages) expected.push_back(id);
+  }
+  EXPECT_EQ(out, expected);
+  // Only as many as asked for, from the front of that order.
+  sharing::collect_free(pages, streams, target, 3, false, out);
+  EXPECT_EQ(out, std::vector<gpumem::detail::page_id>(expected.begin(), expected.begin() + 3));
+  for (sim_segment& s : ranges) {
+    if (s.head != nullptr) {
+      s.owner->index.erase(s.head);
+      slab.destroy(s.head);
+    }
+  }
 }
 
 }  // namespace

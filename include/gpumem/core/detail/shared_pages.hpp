@@ -159,10 +159,15 @@ struct shared_pages {
         });
       });
     }
-    std::sort(sources.begin(), sources.end(), [](const source& a, const source& b) {
-      return stitch_policy::shared_before(a.order, b.order);
-    });
-    for (const source& src : sources) {
+    // A heap, not a sort: a miss usually takes its pages from the first few of many sources.
+    // shared_before is a total order (addresses differ), so they are taken in the sorted order.
+    const auto later = [](const source& a, const source& b) {
+      return stitch_policy::shared_before(b.order, a.order);
+    };
+    std::make_heap(sources.begin(), sources.end(), later);
+    for (auto end = sources.end(); end != sources.begin(); --end) {
+      std::pop_heap(sources.begin(), end, later);
+      const source& src = *std::prev(end);
       const segment_type* s = src.block->seg;
       const std::size_t first = round_up(src.block->ptr - s->ptr, s->page_size) / s->page_size;
       for (std::size_t i = first; i < first + src.order.pages && out.size() < count; ++i) {
