@@ -258,19 +258,20 @@ TEST(StitchSettling, TheMemoryFractionOverridesTheHeadroom) {
   EXPECT_LE(static_cast<double>(r.peak_reserved), cap);
 }
 
-// The thresholds are configuration keys: with no headroom a miss shares free pages before
-// creating any (less memory, more mapping); with 10% it creates them first.
+// The thresholds are configuration keys: by default (no headroom) a miss shares free pages before
+// creating any; with 1.5% it creates some first (more memory, less mapping), with 10% more still.
 TEST(StitchSettling, TheThresholdsAreConfigurationKeys) {
   const auto fresh = [](const std::string& extra) {
     return replay_steps("gpt2-small-b4-s512", "policy:stitch" + extra, 1);
   };
-  const gpumem::replay_result normal = fresh("");
-  const gpumem::replay_result sharing = fresh(",stitch_headroom:0");
+  const gpumem::replay_result sharing = fresh("");
+  const gpumem::replay_result some = fresh(",stitch_headroom:0.015");
   const gpumem::replay_result creating = fresh(",stitch_headroom:0.1");
-  EXPECT_LT(sharing.peak_reserved, normal.peak_reserved);
-  EXPECT_LT(sharing.calls.mem_create, normal.calls.mem_create);
-  EXPECT_GT(creating.peak_reserved, normal.peak_reserved);
-  EXPECT_GT(creating.calls.mem_create, normal.calls.mem_create);
+  EXPECT_EQ(sharing.peak_reserved, fresh(",stitch_headroom:0").peak_reserved);
+  EXPECT_LT(sharing.peak_reserved, some.peak_reserved);
+  EXPECT_LT(sharing.calls.mem_create, some.calls.mem_create);
+  EXPECT_GT(creating.peak_reserved, some.peak_reserved);
+  EXPECT_GT(creating.calls.mem_create, some.calls.mem_create);
 }
 
 // A free page used on another stream: the new stream waits for the old one's work on the GPU

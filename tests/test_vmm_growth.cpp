@@ -66,9 +66,23 @@ TEST(VmmGrowth, StitchFollowsStitchPolicy) {
   EXPECT_EQ(g.pages_to_create(0, 0, 0, granularity, 4), 0u);
   g.note_request(100 * MiB, 0);
   EXPECT_EQ(g.pages_to_create(0, 0, 0, granularity, 4), 4u);
-  EXPECT_EQ(g.pages_to_create(100 * MiB, 0, 0, granularity, 4), 0u);  // 1.5% is under a page
+  EXPECT_EQ(g.pages_to_create(100 * MiB, 0, 0, granularity, 4), 0u);  // no headroom by default
   EXPECT_FALSE(g.counts_settled_miss(9));
   EXPECT_TRUE(g.counts_settled_miss(10));  // the mark unchanged for stitch_settled_allocations
+  // Placement by the step before finds a repeating miss's block: no range of its own.
+  EXPECT_FALSE(g.shares_in_own_range(50 * MiB, 10));
+}
+
+// Without placement by the step before, a settled miss beyond what the recurring rule could create
+// pages for shares them in an address range of its own.
+TEST(VmmGrowth, StitchWithoutPlacementSharesLargeSettledMissesInRangesOfTheirOwn) {
+  vmm_growth g = growth_of(allocator_policy::stitch,
+                           "stitch_settled_allocations:10,stitch_step_match:0,"
+                           "stitch_recurring_limit:0.2");
+  g.note_request(100 * MiB, 0);
+  EXPECT_FALSE(g.shares_in_own_range(50 * MiB, 9));  // not settled yet
+  EXPECT_TRUE(g.shares_in_own_range(50 * MiB, 10));
+  EXPECT_FALSE(g.shares_in_own_range(20 * MiB, 10));  // within the recurring bound
 }
 
 TEST(VmmGrowth, ExpandableIgnoresStitchsHighWaterMark) {

@@ -270,9 +270,9 @@ TEST(Stitch, BlocksOfOneSizeClassShareTheirEdgePages) {
 TEST(Stitch, TemporariesDoNotPinPagesBetweenKeptBlocks) {
   simulated_device dev{device_options(1 * GiB)};
   allocator a(dev, config("policy:stitch"));
-  // Capped at exactly the peak requested (140 MiB of 1 GiB), so that stitch's headroom (new pages
-  // while reserved stays within 1.5% of the requested high-water mark) is refused and the pages
-  // must come from the temporaries: pinned pages would make the last request fail.
+  // Capped at exactly the peak requested (140 MiB of 1 GiB), so that no new page can be created
+  // past it (whatever stitch_headroom says) and the pages must come from the temporaries: pinned
+  // pages would make the last request fail.
   a.set_memory_fraction(140.0 / 1024.0);
   std::vector<void*> kept;
   for (int layer = 0; layer < 16; ++layer) {

@@ -119,11 +119,11 @@ struct allocator_config {
   /// policy.
   allocator_policy policy = allocator_policy::automatic;
   /// stitch_headroom (docs/configuration.md, "Stitch's thresholds").
-  double stitch_headroom = 0.015;
+  double stitch_headroom = 0.0;
   /// stitch_settle_limit.
-  double stitch_settle_limit = 0.02;
+  double stitch_settle_limit = 0.005;
   /// stitch_recurring_limit.
-  double stitch_recurring_limit = 0.03;
+  double stitch_recurring_limit = 0.0;
   /// stitch_recurring_misses.
   std::uint32_t stitch_recurring_misses = 3;
   /// stitch_settled_allocations.
@@ -909,7 +909,7 @@ inline constexpr std::array<config_key, 25> config_keys{{
      /*applied_first=*/false,
      {right_open(0.0, 1.0), /*power_of_two=*/false, /*zero_is_unset=*/false,
       "must be in [0, 1): a fraction of memory", "", "is outside [0, 1)"},
-     {"`0.015`", "[0, 1)",
+     {"`0`", "[0, 1)",
       "A stitch miss creates new pages before it shares free ones while reserved memory stays "
       "within this fraction above the high-water mark of requested bytes",
       "`policy:stitch` (note otherwise)"},
@@ -920,7 +920,7 @@ inline constexpr std::array<config_key, 25> config_keys{{
      /*applied_first=*/false,
      {right_open(0.0, 1.0), /*power_of_two=*/false, /*zero_is_unset=*/false,
       "must be in [0, 1): a fraction of memory", "", "is outside [0, 1)"},
-     {"`0.02`", "[0, 1)", "The same bound once the workload has settled", "`policy:stitch`"},
+     {"`0.005`", "[0, 1)", "The same bound once the workload has settled", "`policy:stitch`"},
      fraction_handlers<&allocator_config::stitch_settle_limit>()},
     {"stitch_recurring_limit",
      "",
@@ -928,7 +928,7 @@ inline constexpr std::array<config_key, 25> config_keys{{
      /*applied_first=*/false,
      {right_open(0.0, 1.0), /*power_of_two=*/false, /*zero_is_unset=*/false,
       "must be in [0, 1): a fraction of memory", "", "is outside [0, 1)"},
-     {"`0.03`", "[0, 1)",
+     {"`0`", "[0, 1)",
       "The bound for a whole request in a pool whose misses recur after the workload settled",
       "`policy:stitch`"},
      fraction_handlers<&allocator_config::stitch_recurring_limit>()},

@@ -5,15 +5,18 @@
 //
 // Sharing a free page couples two ranges: while one uses it, the other's blocks on it are
 // shadowed, and a request that found one of them before may miss and share pages again elsewhere.
-// New pages couple nothing. So a miss creates pages first while reserved memory stays within a few
-// per cent of the high-water mark of requested bytes (each threshold is a configuration key,
+// New pages couple nothing. A repeating loop's couplings are settled by placing each request where
+// the same request of the step before went (step_placement.hpp), so a miss mostly shares free
+// pages before it creates any. Thresholds make a miss create pages first while reserved memory
+// stays within a fraction of the high-water mark of requested bytes (each a configuration key,
 // docs/configuration.md):
-//  - stitch_headroom (1.5%) always;
-//  - stitch_settle_limit (2%) once the workload has settled (that mark unchanged for
-//    stitch_settled_allocations, 1024): the misses left then are a loop's steady-state couplings;
-//  - stitch_recurring_limit (3%), for all of a request or none of it, in a pool that has missed
+//  - stitch_headroom (0) always;
+//  - stitch_settle_limit (0.5%) once the workload has settled (that mark unchanged for
+//    stitch_settled_allocations, 1024): a workload whose requests never repeat (a KV cache that
+//    grows) would otherwise search the free pages of every range on each of its many misses;
+//  - stitch_recurring_limit (0), for all of a request or none of it, in a pool that has missed
 //    stitch_recurring_misses (3) times since the workload settled (a coupling back every step);
-//    a settled miss larger than that bound shares pages in a range of its own instead.
+//    without placement, a settled miss larger than that bound shares pages in a range of its own.
 // Beyond those bounds free pages are shared (never moved: nothing waits for the GPU), and when no
 // free page is left new ones are created: fragmentation never causes an out-of-memory error.
 #pragma once
@@ -38,7 +41,8 @@ class stitch_policy {
         settle_limit_(config.stitch_settle_limit),
         recurring_limit_(config.stitch_recurring_limit),
         recurring_misses_(config.stitch_recurring_misses),
-        settled_allocations_(config.stitch_settled_allocations) {}
+        settled_allocations_(config.stitch_settled_allocations),
+        own_ranges_(config.stitch_step_match == 0) {}
 
   /// Raises the high-water mark of requested bytes to `mark` (the peak statistic, or what is live
   /// plus a request being served); notes when it last grew, in allocations made so far.
@@ -75,8 +79,11 @@ class stitch_policy {
   /// (stitch_recurring_limit of the high-water mark), its coupling never turns into new pages, so
   /// the block it stitches should be one a later miss of the pattern finds whole again (as
   /// GMLake's cached stitched blocks), not a run in a range whose other blocks lend the same pages.
+  /// Only without placement by the step before (stitch_step_match:0): with it, a repeating miss
+  /// finds its block where the step before placed it, and a miss that does not repeat (a KV cache
+  /// growing) would reserve a range each time.
   bool shares_in_own_range(std::size_t bytes, bool settled) const noexcept {
-    return settled &&
+    return own_ranges_ && settled &&
            static_cast<double>(bytes) > recurring_limit_ * static_cast<double>(high_water_);
   }
 
@@ -122,6 +129,7 @@ class stitch_policy {
   double recurring_limit_;
   std::uint32_t recurring_misses_;
   std::uint64_t settled_allocations_;
+  bool own_ranges_;  // shares_in_own_range applies (placement by the step before is off)
   std::size_t high_water_ = 0;
   std::uint64_t high_water_at_ = 0;
 };
