@@ -157,7 +157,8 @@ TEST(SharedPages, CollectFreeTakesTheSourcesInSharingOrder) {
     std::uint64_t freed_at;
     int stream;  // index into streams
   };
-  // Range i: `pages` pages with page ids 10 * i + 1 ..., all one free block.
+  // Range i: `pages` pages, each with a page id of its own (1, 2, ... in range order), all one
+  // free block.
   const shape shapes[5] = {{2, 30, 0}, {3, 10, 0}, {2, 10, 0}, {1, 5, 1}, {4, 50, 1}};
   gpumem::detail::page_id next_id = 1;
   for (std::size_t i = 0; i < 6; ++i) {
